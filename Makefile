@@ -1,0 +1,34 @@
+# Two commands a newcomer needs:  make lab  (open the course)   make test  (run every test)
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.partrain-installed
+# Extra flags for `jupyter lab`, e.g. LAB_FLAGS="--no-browser --port 8899" (the lab test uses this).
+LAB_FLAGS ?=
+# nbval compares every cell's saved output; timings and addresses are masked by the sanitize file.
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+
+.PHONY: install lab test notebooks clean
+
+install: $(STAMP)
+
+# Re-installs only when pyproject.toml changed: seconds when everything is up to date.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev]" > $(VENV)/pip.log 2>&1 \
+		|| { cat $(VENV)/pip.log; exit 1; }
+	$(BIN)/python -c "import torch, partrain_edu; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $(STAMP)
+
+lab: install
+	$(BIN)/jupyter lab notebooks/00_start_here.ipynb $(LAB_FLAGS)
+
+test: install
+	$(BIN)/python -m pytest tests notebooks $(NBVAL)
+
+# Re-execute every notebook in place (they are committed with outputs; nbval compares them in `make test`).
+notebooks: install
+	$(BIN)/jupyter nbconvert --to notebook --execute --inplace notebooks/*.ipynb
+
+clean:
+	rm -rf $(VENV) .pytest_cache

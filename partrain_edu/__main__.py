@@ -1,0 +1,5 @@
+import sys
+
+from partrain_edu.cli import main
+
+sys.exit(main())

@@ -1,0 +1,109 @@
+"""`partrain-edu` — the command line (also `python -m partrain_edu`). The contract lives in DESIGN.md.
+
+    partrain-edu train --strategy torch-ddp --nproc 2 --steps 20 --json
+    partrain-edu memory --params 7.5B --json
+
+`--json` prints exactly one JSON object on stdout; without it a person gets a readable table and a progress
+bar on stderr. Bad input exits 2 with one line that names the fix, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse prints the whole usage block on an error; a one-line message is easier to act on."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from partrain_edu import train  # imports torch: only the train command pays for it
+    from partrain_edu.launch import TorchrunError
+
+    cfg = train.config_from_args(args)
+    train.get_strategy(cfg.strategy).layout(cfg)  # bad sizes fail before a progress bar appears
+    bar = tqdm(total=cfg.steps, desc=cfg.strategy, unit="step", file=sys.stderr, disable=args.json)
+
+    def progress(step: int, loss: float) -> None:
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.4f}")
+
+    def echo(rank, text: str) -> None:
+        if not args.json:
+            bar.write(f"[rank {rank}] {text}", file=sys.stderr)
+
+    try:
+        report = train.launch(cfg, on_step=progress, echo=echo, timeout=args.timeout)
+    except TorchrunError as error:
+        bar.close()
+        print(f"partrain-edu train: {error}", file=sys.stderr)
+        return 1
+    bar.close()
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(_train_table(report))
+    return 0
+
+
+def _train_table(report: dict) -> str:
+    lines = [f"{report['strategy']} on {report['world_size']} rank(s)", "step  loss"]
+    lines += [f"{i + 1:>4}  {loss:.4f}" for i, loss in enumerate(report["losses"])]
+    lines.append("communication per step (rank that sends most, ring model):")
+    lines += [f"  {op:<24} {c['calls']:>4} calls {c['bytes']:>12,} bytes" for op, c in report["comm"].items()]
+    if not report["comm"]:
+        lines.append("  none")
+    held = report["state_bytes"]
+    lines.append("model states held (most-loaded rank): " + ", ".join(f"{k} {v:,} B" for k, v in held.items()))
+    lines.append(f"median step time: {report['step_time_s'] * 1e3:.1f} ms")
+    return "\n".join(lines)
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--strategy", required=True, help="single, torch-ddp, ... (an unknown name lists them)")
+    parser.add_argument("--nproc", type=int, default=1, help="number of processes (ranks)")
+    parser.add_argument("--dp", type=int, default=None)
+    parser.add_argument("--tp", type=int, default=None)
+    parser.add_argument("--pp", type=int, default=None)
+    parser.add_argument("--microbatches", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--global-batch", type=int, default=16)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="partrain-edu", description="Learn data, tensor and pipeline parallelism.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_train = sub.add_parser("train", help="train TinyGPT for real with a parallel strategy")
+    add_train_arguments(p_train)
+    p_train.add_argument("--timeout", type=float, default=None, help="seconds before every rank is killed")
+    p_train.add_argument("--json", action="store_true", help="print one JSON object")
+    p_train.set_defaults(func=cmd_train)
+    try:
+        from partrain_edu.theory.cli import add_subcommands
+    except ImportError:
+        pass
+    else:
+        add_subcommands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as error:  # bad sizes and combinations: the message names the fix
+        print(f"partrain-edu {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

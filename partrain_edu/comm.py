@@ -1,0 +1,343 @@
+"""CommTracer: record every collective and point-to-point call a run makes through ``torch.distributed``.
+
+Inside ``with CommTracer() as tracer:`` each call becomes one frozen :class:`CommRecord`: op name, payload
+``bytes`` S, group (size, global ranks), peer or root, step index, label, and the bytes *this* rank sends
+(``sent``) and receives (``received``) under the ring cost model. With n = group size (integer division):
+
+    all_reduce                 2(n-1)/n * S  a reduce-scatter then an all-gather around a ring, each moving n-1
+                                             chunks of S/n: bandwidth-optimal (Patarasuk & Yuan 2009); the
+                                             factor NCCL uses for "bus bandwidth" (nccl-tests PERFORMANCE.md)
+    all_gather, reduce_scatter  (n-1)/n * S  S is the FULL tensor: all_gather_into_tensor's output,
+                                             reduce_scatter_tensor's input, the sum of a list variant's list
+    reduce                      (n-1)/n * S
+    broadcast                         S      pipelined ring: every rank forwards it (we count S on every
+                                             rank, the last one included; 0 when n = 1)
+    all_to_all      the bytes of this rank's input that go to other ranks ((n-1)/n * S for even splits)
+    send, isend                       S      recv, irecv send 0 and receive S
+    gather, scatter    a non-root sends its chunk to the root; the root sends every other rank's chunk
+    barrier                           0
+
+``received`` mirrors ``sent`` for the symmetric collectives. An ``*_object`` call (all_gather_object, ...) is
+one record under its own name, summing the tensor collectives it makes inside; ``batch_isend_irecv`` gives one
+``isend``/``irecv`` record per ``P2POp``; any other nested call (reduce_scatter_tensor → reduce_scatter_single)
+counts once, as the outer op.
+
+    tracer = CommTracer()
+    with tracer:
+        for x, y in batches:
+            with tracer.label("backward"):
+                loss_fn(ddp(x), y).backward()     # DDP with traced_allreduce_hook: recorded
+            tracer.step()                         # end of a training step
+            with tracer.paused():
+                dist.all_reduce(loss)             # loss reporting is not the step's traffic
+        tracer.summary(per_step=True)             # {"all_reduce": {"calls": 1, "bytes": 2704}}
+        tracer.merge(per_step=True)               # every rank's summary and the rank that sends most
+
+How: entering patches the functions of ``torch.distributed`` and of ``torch.distributed.distributed_c10d``
+(all_gather_object reaches all_gather through the latter's globals); exiting puts back exactly what was there,
+also on an exception. It cannot see collectives made in C++ (PyTorch DDP's bucket all-reduce: register
+:func:`traced_allreduce_hook`), functional collectives (DTensor, FSDP2), nor a function bound by
+``from torch.distributed import all_reduce`` before entering. The patch is process-wide, so one tracer is active
+per process: entering a second raises. No timings: an async op returns before its bytes move.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import threading
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+__all__ = ["CommRecord", "CommTracer", "traced_allreduce_hook"]
+
+
+@dataclass(frozen=True)
+class CommRecord:
+    op: str                      # name of the torch.distributed function called
+    bytes: int                   # payload S the cost formula is applied to
+    sent: int                    # bytes this rank sends under the ring cost model
+    received: int                # bytes this rank receives under the same model
+    group_size: int
+    group_ranks: tuple[int, ...]  # global ranks, in group-rank order
+    peer: int | None             # global rank of the other end (p2p) or of the root; else None
+    step: int                    # index of the training step (number of tracer.step() calls before it)
+    label: str | None            # innermost tracer.label(...) active at the call
+
+
+class _Group(NamedTuple):
+    n: int                       # group size
+    me: int                      # this rank's rank in the group
+    rank: int                    # this rank's global rank
+    ranks: tuple[int, ...]       # global ranks, in group-rank order
+
+
+def _size(x) -> int:
+    """Bytes of a tensor, or of a (nested) list of tensors."""
+    return x.numel() * x.element_size() if isinstance(x, torch.Tensor) else sum(map(_size, x or ()))
+
+
+def _peer(g: _Group, rank: int | None, group_rank: int | None) -> int | None:
+    """Global rank of a peer or root given either way torch accepts it (global ``dst`` or ``group_dst``)."""
+    return g.ranks[group_rank] if rank is None and group_rank is not None else rank
+
+
+def _ring(arg: str, factor: int):
+    """Cost of a ring collective on the full tensor(s) in argument ``arg``: factor * (n-1)/n * S each way."""
+    def cost(a, g):
+        S = _size(a[arg])
+        moved = factor * (g.n - 1) * S // g.n
+        return S, moved, moved, _peer(g, a.get("dst"), a.get("group_dst"))   # reduce has a root
+    return cost
+
+
+def _away(t: torch.Tensor, splits, g: _Group) -> int:
+    """Bytes of ``t`` (split along dim 0 by ``splits``) that go to, or come from, the other ranks."""
+    S = _size(t)
+    return (g.n - 1) * S // g.n if not splits else S - splits[g.me] * (S // max(t.shape[0], 1))
+
+
+def _all_to_all(a, g):
+    ins, outs = a["input_tensor_list"], a["output_tensor_list"]
+    return _size(ins), _size(ins) - _size(ins[g.me]), _size(outs) - _size(outs[g.me]), None
+
+
+def _broadcast(a, g):
+    S, root = _size(a["tensor"]), _peer(g, a["src"], a["group_src"])
+    return S, S if g.n > 1 else 0, 0 if root == g.rank else S, root
+
+
+def _send(a, g):
+    return _size(a["tensor"]), _size(a["tensor"]), 0, _peer(g, a["dst"], a["group_dst"])
+
+
+def _recv(a, g):  # src=None (receive from any rank) leaves the peer unknown
+    return _size(a["tensor"]), 0, _size(a["tensor"]), _peer(g, a["src"], a["group_src"])
+
+
+def _gather(a, g):
+    S, root = _size(a["tensor"]), _peer(g, a["dst"], a["group_dst"])
+    return (S, 0, _size(a["gather_list"]) - S, root) if root == g.rank else (S, S, 0, root)
+
+
+def _scatter(a, g):
+    S, root = _size(a["tensor"]), _peer(g, a["src"], a["group_src"])
+    return (S, _size(a["scatter_list"]) - S, 0, root) if root == g.rank else (S, 0, S, root)
+
+
+# op name -> cost(bound arguments, group) -> (payload S, sent, received, peer)
+_COSTS = {
+    "all_reduce": _ring("tensor", 2), "all_reduce_coalesced": _ring("tensors", 2),
+    "all_gather": _ring("tensor_list", 1), "all_gather_coalesced": _ring("output_tensor_lists", 1),
+    "all_gather_into_tensor": _ring("output_tensor", 1), "all_gather_single": _ring("output_tensor", 1),
+    "_all_gather_base": _ring("output_tensor", 1),
+    "reduce_scatter": _ring("input_list", 1), "reduce_scatter_tensor": _ring("input", 1),
+    "reduce_scatter_single": _ring("input", 1), "_reduce_scatter_base": _ring("input", 1),
+    "reduce": _ring("tensor", 1),
+    "broadcast": _broadcast,
+    "all_to_all": _all_to_all,
+    "all_to_all_single": lambda a, g: (_size(a["input"]), _away(a["input"], a["input_split_sizes"], g),
+                                       _away(a["output"], a["output_split_sizes"], g), None),
+    "send": _send, "isend": _send, "recv": _recv, "irecv": _recv,
+    "gather": _gather, "scatter": _scatter,
+    "barrier": lambda a, g: (0, 0, 0, None), "monitored_barrier": lambda a, g: (0, 0, 0, None),
+}
+# Recorded once under their own name, with the sum of the collectives they make inside.
+_COMPOSITE = ("all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+              "send_object_list", "recv_object_list")
+_TRACED = (*_COSTS, *_COMPOSITE, "batch_isend_irecv")
+
+_local = threading.local()       # .frame: the traced call this thread is inside, if any
+_WRAPPERS: dict = {}             # original function -> its wrapper: one wrapper per function, for ever
+
+
+@dataclass
+class _Frame:
+    collect: bool                # keep the records of nested calls (composite ops, batch_isend_irecv)
+    children: list = field(default_factory=list)
+
+
+def _point_at_current(ops):
+    """batch_isend_irecv tells a send from a receive by ``op.op is isend`` against the module global, which
+    is our wrapper while a tracer is active. A P2POp built before (holding the original) is copied to point
+    at whatever ``isend``/``irecv`` is now, so it keeps working. (One built inside a tracer and batched after
+    it exits would not: torch's own batch_isend_irecv then compares against the original.)"""
+    current = {"isend": c10d.isend, "irecv": c10d.irecv}
+    out = []
+    for p in ops:
+        q = object.__new__(type(p))           # P2POp.__new__ re-checks op: copy the attributes instead
+        q.__dict__.update(vars(p))
+        q.op = current.get(getattr(p.op, "__name__", None), p.op)
+        out.append(q)
+    return out
+
+
+def _group_of(group) -> _Group | None:
+    """The group a call runs on, or None where torch does nothing (or raises): no process group yet, or
+    this rank is not a member."""
+    if not dist.is_initialized() or c10d._rank_not_in_group(group):
+        return None
+    pg = group if group is not None else dist.group.WORLD
+    ranks = tuple(dist.get_process_group_ranks(pg))
+    return _Group(len(ranks), dist.get_rank(pg), dist.get_rank(), ranks)
+
+
+def _wrap(name: str, orig):
+    if getattr(orig, "_comm_traced", False) or orig in _WRAPPERS:
+        return _WRAPPERS.get(orig, orig)
+    sig = inspect.signature(orig)
+    kind = "leaf" if name in _COSTS else "expand" if name == "batch_isend_irecv" else "composite"
+
+    @functools.wraps(orig)
+    def traced(*args, **kwargs):
+        if kind == "expand":
+            args, kwargs = (_point_at_current(sig.bind(*args, **kwargs).arguments["p2p_op_list"]),), {}
+        tracer, parent = CommTracer._active, getattr(_local, "frame", None)
+        if tracer is None or tracer._paused or (parent is not None and not parent.collect):
+            return orig(*args, **kwargs)      # not tracing, or nested in an op that counts for itself
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        g = None if kind == "expand" else _group_of(a.get("group"))
+        if kind != "expand" and g is None:
+            return orig(*args, **kwargs)
+        _local.frame = frame = _Frame(collect=kind != "leaf")
+        try:
+            result = orig(*args, **kwargs)    # cost after the call: a call torch rejects is not recorded
+        finally:
+            _local.frame = parent
+        if kind == "leaf":
+            records = [tracer._record(name, g, *_COSTS[name](a, g))]
+        elif kind == "expand":
+            records = frame.children
+        else:
+            kids = frame.children
+            peers = {r.peer for r in kids}
+            records = [tracer._record(name, g, sum(r.bytes for r in kids), sum(r.sent for r in kids),
+                                      sum(r.received for r in kids), peers.pop() if len(peers) == 1 else None)]
+        (parent.children if parent is not None else tracer.records).extend(records)
+        return result
+
+    traced._comm_traced = True
+    _WRAPPERS[orig] = traced
+    return traced
+
+
+class CommTracer:
+    """Context manager recording the ``torch.distributed`` calls made inside it (see the module docstring)."""
+
+    _active: CommTracer | None = None    # process-wide, like the patch (DDP hooks may run on another thread)
+
+    def __init__(self):
+        self.records: list[CommRecord] = []
+        self._step, self._paused, self._labels, self._saved = 0, 0, [], []
+
+    def __enter__(self) -> CommTracer:
+        if CommTracer._active is not None:
+            raise RuntimeError("a CommTracer is already active in this process; tracers do not nest "
+                               "(use tracer.label(...) or tracer.step() to split one trace)")
+        for module in (dist, c10d):
+            for name in _TRACED:
+                if name in vars(module):
+                    self._saved.append((module, name, vars(module)[name]))
+                    setattr(module, name, _wrap(name, vars(module)[name]))
+        CommTracer._active = self
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        for module, name, original in reversed(self._saved):
+            setattr(module, name, original)
+        self._saved = []
+        CommTracer._active = None
+        return False
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Calls made inside are not recorded (loss reporting, merging summaries)."""
+        self._paused += 1
+        try:
+            yield self
+        finally:
+            self._paused -= 1
+
+    @contextlib.contextmanager
+    def label(self, text: str):
+        """Records made inside carry ``label=text`` (the innermost one when labels nest)."""
+        self._labels.append(text)
+        try:
+            yield self
+        finally:
+            self._labels.pop()
+
+    def step(self) -> int:
+        """Mark the end of a training step. Returns the number of completed steps (also ``tracer.steps``)."""
+        self._step += 1
+        return self._step
+
+    steps = property(lambda self: self._step)
+
+    def _record(self, op, g: _Group, payload, sent, received, peer) -> CommRecord:
+        return CommRecord(op, payload, sent, received, g.n, g.ranks, peer, self._step,
+                          self._labels[-1] if self._labels else None)
+
+    def summary(self, per_step: bool = False) -> dict[str, dict[str, int]]:
+        """``{op: {"calls": int, "bytes": int}}``; ``bytes`` are the bytes this rank sends (ring model).
+
+        ``per_step=True`` averages over the completed steps (integer division of calls and bytes) and leaves
+        out records made after the last ``step()``: they belong to a step that has not ended.
+        """
+        records, steps = self.records, 1
+        if per_step:
+            if self._step == 0:
+                raise ValueError("no completed step: call tracer.step() at the end of each training step")
+            steps = self._step
+            records = [r for r in records if r.step < steps]
+        totals: dict[str, dict[str, int]] = {}
+        for r in records:
+            t = totals.setdefault(r.op, {"calls": 0, "bytes": 0})
+            t["calls"] += 1
+            t["bytes"] += r.sent
+        return {op: {"calls": t["calls"] // steps, "bytes": t["bytes"] // steps} for op, t in sorted(totals.items())}
+
+    def total_sent(self, per_step: bool = False) -> int:
+        """Bytes this rank sends, summed over ops (ring model), per step if asked."""
+        return sum(t["bytes"] for t in self.summary(per_step).values())
+
+    def merge(self, per_step: bool = False, group=None) -> dict:
+        """Every rank's summary, gathered with ``all_gather_object`` (not recorded), and the rank that sends
+        most (ties: the lowest rank). Call it on every rank of ``group``. Returns
+        ``{"per_rank": [{"rank", "sent", "summary"}, ...], "max_sender": {"rank", "sent", "summary"}}``
+        with ``per_rank`` in group-rank order. Without a process group it returns this process as rank 0.
+        """
+        summary = self.summary(per_step)
+        mine = {"rank": dist.get_rank() if dist.is_initialized() else 0,
+                "sent": sum(t["bytes"] for t in summary.values()), "summary": summary}
+        everyone = [mine]
+        if dist.is_initialized():
+            everyone = [None] * dist.get_world_size(group)
+            with self.paused():
+                dist.all_gather_object(everyone, mine, group=group)
+        return {"per_rank": everyone, "max_sender": max(everyone, key=lambda d: (d["sent"], -d["rank"]))}
+
+    def summary_of_max_sender(self, per_step: bool = True, group=None) -> dict[str, dict[str, int]]:
+        """The per-step summary of the rank that sends most: the ``comm`` of ``partrain-edu train``."""
+        return self.merge(per_step, group)["max_sender"]["summary"]
+
+
+def traced_allreduce_hook(process_group, bucket):  # -> Future[Tensor]; DDP rejects a string annotation
+    """DDP comm hook with the semantics of PyTorch's default one (``default_hooks.allreduce_hook``): divide
+    the bucket by the world size, all-reduce it, hand back the averaged buffer.
+
+    PyTorch's DDP all-reduces gradient buckets in C++, where a tracer cannot see them. This hook makes the
+    same call through the ``torch.distributed.all_reduce`` attribute, so ``ddp.register_comm_hook(None,
+    traced_allreduce_hook)`` (or a process group instead of None) makes DDP's traffic visible to a CommTracer.
+    """
+    group = process_group if process_group is not None else dist.group.WORLD
+    tensor = bucket.buffer()
+    tensor.div_(dist.get_world_size(group))       # divide first, as torch does, to avoid fp16 overflow
+    work = dist.all_reduce(tensor, group=group, async_op=True)   # looked up now: the traced one if active
+    return work.get_future().then(lambda fut: fut.value()[0])

@@ -1,0 +1,181 @@
+"""Process-group set-up and the small helpers every distributed cell uses.
+
+What it does: `init()` turns the environment that torchrun gives each rank (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR, MASTER_PORT) into a process group and returns a frozen `ParallelContext` — the one object a
+strategy needs to know who it is. NCCL when every local rank has its own GPU, Gloo (CPU) otherwise. With no
+torchrun environment it builds a world of size 1 in memory, so the same cell also runs standalone.
+
+Why a context object and not globals: a notebook re-runs cells. A module-level "current group" would survive
+the re-run and silently talk to a dead group; passing the context explicitly makes every dependency visible
+(torchtitan's `ParallelDims` works the same way).
+
+Run a cell on 4 ranks from a notebook:
+
+    %%torchrun -n 4
+    from partrain_edu import runtime
+    ctx = runtime.init()
+    runtime.print0(f"world size {ctx.world_size} on {ctx.backend}")
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_TIMEOUT_S = 60.0
+# Set by the launcher: the folder where `publish` drops values for the notebook.
+PUBLISH_DIR_ENV = "PARTRAIN_PUBLISH_DIR"
+TIMEOUT_ENV = "PARTRAIN_TIMEOUT"
+BACKEND_ENV = "PARTRAIN_BACKEND"
+
+TIMEOUT_HINT = (
+    "A collective waited longer than the timeout. The ranks probably did not make the same collective calls "
+    "in the same order, with the same shapes and the same group (or one rank exited or is stuck in a loop): "
+    "check that every rank reaches this line."
+)
+
+
+@dataclass(frozen=True)
+class ParallelContext:
+    """Who this process is in the job. Pass it to whatever needs to communicate."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    timeout_s: float
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _choose_backend(requested: str, local_world_size: int) -> str:
+    if requested not in ("auto", "gloo", "nccl"):
+        raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', not {requested!r}")
+    if requested != "auto":
+        return requested
+    # NCCL needs one GPU per rank on this node; anything less (a laptop, a CI box) falls back to Gloo.
+    if torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size:
+        return "nccl"
+    return "gloo"
+
+
+def init(backend: str = "auto", timeout: float | None = None) -> ParallelContext:
+    """Create (or re-create) the default process group and return this rank's `ParallelContext`.
+
+    `timeout` (seconds) bounds every collective: a teaching deadlock ends in an error that says what
+    probably mismatched, instead of a frozen notebook. Default 60 s, or `--timeout` of the launcher.
+    """
+    if timeout is None:
+        timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+    if backend == "auto":
+        backend = os.environ.get(BACKEND_ENV, "auto")  # the launcher's --backend
+    if timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
+    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    rank = int(os.environ.get("RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    chosen = _choose_backend(backend, local_world_size)
+    if chosen == "nccl" and not torch.cuda.is_available():
+        raise ValueError("backend 'nccl' needs a GPU per rank; use backend='gloo' on CPU")
+
+    # A re-run cell (or a second init in one script) starts from a clean slate, never a stale group.
+    shutdown()
+    if chosen == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    kwargs: dict[str, Any] = dict(backend=chosen, timeout=datetime.timedelta(seconds=timeout))
+    if launched:
+        dist.init_process_group(**kwargs)  # env:// rendezvous from torchrun's variables
+    else:
+        # Standalone: a world of one, rendezvous in memory (no port to pick, nothing to collide with).
+        dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+    _install_timeout_hint()
+    return ParallelContext(rank, world_size, local_rank, device, chosen, timeout)
+
+
+def shutdown() -> None:
+    """Destroy the default process group if there is one. Safe to call any number of times."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, and torch (CPU and every GPU), so every rank draws the same numbers."""
+    random.seed(seed)
+    torch.manual_seed(seed)  # also seeds all CUDA devices
+
+
+def print0(*args: Any, **kwargs: Any) -> None:
+    """print() on global rank 0 only (every rank printing the same line is noise)."""
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(*args, **kwargs, flush=True)
+
+
+def publish(name: str, value: Any) -> None:
+    """Hand `value` back to the notebook as the variable `name` (rank 0's value wins).
+
+    Under `%%torchrun` / `torchrun()` the value is pickled to the launcher's folder and appears in the
+    notebook's namespace when the cell finishes. Run standalone, it lands in `standalone_published`.
+    Tensors are moved to the CPU first so the notebook (which may have no GPU) can unpickle them.
+    """
+    if not name.isidentifier():
+        raise ValueError(f"publish name must be a Python identifier, got {name!r}")
+    if int(os.environ.get("RANK", 0)) != 0:
+        return
+    value = _to_cpu(value)
+    folder = os.environ.get(PUBLISH_DIR_ENV)
+    if folder is None:
+        standalone_published[name] = value
+        return
+    tmp = Path(folder) / f".{name}.tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump(value, f)
+    os.replace(tmp, Path(folder) / f"{name}.pkl")  # atomic: the launcher never reads half a value
+
+
+standalone_published: dict[str, Any] = {}
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+def _install_timeout_hint() -> None:
+    """Append `TIMEOUT_HINT` to an uncaught collective-timeout error (Gloo and NCCL word it differently)."""
+    if getattr(sys.excepthook, "_partrain_hint", False):
+        return
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        if is_timeout_error(exc) and TIMEOUT_HINT not in str(exc):
+            print(f"\n{TIMEOUT_HINT}", file=sys.stderr)
+        previous(exc_type, exc, tb)
+
+    hook._partrain_hint = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
+def is_timeout_error(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, (RuntimeError, dist.DistBackendError)) and ("timed out" in text or "timeout" in text)

@@ -1,0 +1,146 @@
+"""The ``memory``, ``traffic``, ``pipeline`` and ``plan`` subcommands of ``partrain-edu``.
+
+    partrain-edu memory --params 7.5e9 --dp 64 --zero 3 --json
+    partrain-edu traffic --strategy zero3 --params 7.5B --dp 64
+    partrain-edu pipeline --stages 4 --microbatches 8 --schedule 1f1b
+    partrain-edu plan --params 175B --gpus 1024 --gpu-memory 80GB
+
+``add_subcommands(subparsers)`` registers them on the main parser; each sets ``func`` to a handler that
+prints one JSON object with ``--json`` (else a table for people) and returns 0. On bad input a handler
+raises ValueError with one line naming the fix; ``partrain_edu/cli.py`` prints it and exits 2. Argument
+types raise ``argparse.ArgumentTypeError`` with the same words, so argparse reports them in one line too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from partrain_edu.theory.memory import OPTIMIZERS, PRECISIONS, RECOMPUTE, estimate_memory
+from partrain_edu.theory.planner import plan
+from partrain_edu.theory.schedules import SCHEDULES, build_schedule, simulate
+from partrain_edu.theory.traffic import LINKS, STRATEGIES, step_traffic
+from partrain_edu.units import parse_size
+
+
+def size(text: str) -> int:
+    """argparse type: a positive size such as 7.5e9, 7.5B, 350M, 80GB (units.parse_size)."""
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1 (degrees, counts of layers, stages, micro-batches)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number such as 4, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """argparse type: a duration >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number such as 1.5, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _emit(args: argparse.Namespace, result) -> int:
+    print(json.dumps(result.to_dict()) if args.json else result.table())
+    return 0
+
+
+def run_memory(args: argparse.Namespace) -> int:
+    return _emit(args, estimate_memory(
+        args.params, dp=args.dp, tp=args.tp, pp=args.pp, zero=args.zero, precision=args.precision,
+        optimizer=args.optimizer, layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq,
+        micro_batch=args.micro_batch, vocab=args.vocab, recompute=args.recompute,
+        sequence_parallel=args.sequence_parallel))
+
+
+def run_traffic(args: argparse.Namespace) -> int:
+    return _emit(args, step_traffic(
+        args.strategy, args.params, dp=args.dp, tp=args.tp, pp=args.pp, layers=args.layers, hidden=args.hidden,
+        seq=args.seq, micro_batch=args.micro_batch, microbatches=args.microbatches,
+        bytes_per_element=args.bytes_per_element))
+
+
+def run_pipeline(args: argparse.Namespace) -> int:
+    chunks = args.chunks if args.chunks is not None else (2 if args.schedule == "interleaved" else 1)
+    schedule = build_schedule(args.schedule, args.stages, args.microbatches, chunks)
+    return _emit(args, simulate(schedule, args.t_forward, args.t_backward, args.t_weight))
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    return _emit(args, plan(args.params, args.gpus, args.gpu_memory, args.gpus_per_node, args.interconnect))
+
+
+def _json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def add_subcommands(subparsers) -> None:
+    """Register memory, traffic, pipeline and plan on ``subparsers`` (from ``parser.add_subparsers``)."""
+    p = subparsers.add_parser("memory", help="bytes per device: params, grads, optimizer, activations",
+                              description="Model-state and activation bytes per device (ZeRO, Korthikanti).")
+    p.add_argument("--params", type=size, help="parameter count, e.g. 7.5e9 or 7.5B")
+    for flag in ("--dp", "--tp", "--pp"):
+        p.add_argument(flag, type=positive_int, default=1, help="parallel degree (default 1)")
+    p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO stage over --dp")
+    p.add_argument("--precision", choices=PRECISIONS, default="mixed")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
+    p.add_argument("--layers", type=positive_int)
+    p.add_argument("--hidden", type=positive_int)
+    p.add_argument("--heads", type=positive_int)
+    p.add_argument("--seq", type=positive_int, help="sequence length in tokens")
+    p.add_argument("--micro-batch", type=positive_int, help="sequences per micro-batch (enables activations)")
+    p.add_argument("--vocab", type=positive_int)
+    p.add_argument("--recompute", choices=RECOMPUTE, default="none")
+    p.add_argument("--sequence-parallel", action="store_true")
+    _json_flag(p)
+    p.set_defaults(func=run_memory)
+
+    p = subparsers.add_parser("traffic", help="bytes each rank sends per training step",
+                              description="Per-rank bytes of one training step under the ring cost model.")
+    p.add_argument("--strategy", choices=STRATEGIES, required=True)
+    p.add_argument("--params", type=size)
+    for flag in ("--dp", "--tp", "--pp"):
+        p.add_argument(flag, type=positive_int, default=1)
+    p.add_argument("--layers", type=positive_int)
+    p.add_argument("--hidden", type=positive_int)
+    p.add_argument("--seq", type=positive_int)
+    p.add_argument("--micro-batch", type=positive_int)
+    p.add_argument("--microbatches", type=positive_int, default=1, help="micro-batches per step (default 1)")
+    p.add_argument("--bytes-per-element", type=positive_int, default=2)
+    _json_flag(p)
+    p.set_defaults(func=run_traffic)
+
+    p = subparsers.add_parser("pipeline", help="simulate a pipeline schedule: makespan, bubble, activations",
+                              description="Simulate a pipeline schedule with per-stage action lists.")
+    p.add_argument("--stages", type=positive_int, required=True)
+    p.add_argument("--microbatches", type=positive_int, required=True)
+    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    p.add_argument("--chunks", type=positive_int, help="model chunks per stage (interleaved; default 2)")
+    p.add_argument("--t-forward", type=seconds, default=1.0, help="forward time of one stage (default 1)")
+    p.add_argument("--t-backward", type=seconds, default=2.0, help="backward (input grad) time (default 2)")
+    p.add_argument("--t-weight", type=seconds, default=0.0, help="weight-grad time, separate in zb-h1 (default 0)")
+    _json_flag(p)
+    p.set_defaults(func=run_pipeline)
+
+    p = subparsers.add_parser("plan", help="which strategy for this model on these GPUs",
+                              description="The source notes' decision order, then a search for step time.")
+    p.add_argument("--params", type=size, required=True)
+    p.add_argument("--gpus", type=positive_int, required=True)
+    p.add_argument("--gpu-memory", type=size, required=True, help="bytes per GPU, e.g. 80GB")
+    p.add_argument("--gpus-per-node", type=positive_int, default=8)
+    p.add_argument("--interconnect", choices=tuple(LINKS), default="infiniband", help="link between nodes")
+    _json_flag(p)
+    p.set_defaults(func=run_plan)

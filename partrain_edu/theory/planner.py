@@ -1,0 +1,231 @@
+"""Which strategy for this model on these GPUs? The source notes' decision order, then a small search.
+
+    partrain-edu plan --params 13B --gpus 64 --gpu-memory 80GB --json     # → fsdp, ZeRO-3 over 64
+
+The notes' decision order (80 GB as the yardstick; squeeze one device first with mixed precision,
+activation recompute and gradient accumulation):
+
+1. parameters + optimizer states fit one device (≈ ≤ 2B on 80 GB)   → DDP
+2. they don't, but sharded they do (≈ 3–30B)                       → FSDP FULL_SHARD / ZeRO-3
+3. beyond (> 30B, or sharding alone is too slow)                    → TP inside a node (≤ GPUs per node,
+   NVLink) + PP across nodes + DP outside: "3d" (Megatron-LM, Narayanan et al. 2021 §3)
+
+and "TP/PP cost far more engineering than FSDP: only when necessary"; FSDP's extra traffic "must be hidden
+by prefetching and overlapping it with compute". As code: we enumerate every layout (dp, tp, pp, ZeRO stage,
+micro-batch size, recompute) of the GPUs, keep those that fit memory, estimate each one's step time, and
+take the simplest family (ddp, then fsdp) whose best layout hides its data-parallel traffic behind compute
+and is within ``SIMPLICITY_MARGIN`` of the fastest layout; failing both, the fastest layout (usually 3d).
+So the thresholds above are not typed in; they come out of the memory and traffic models. With the
+constants below, on 80 GB GPUs over InfiniBand: DDP up to ≈4B; FSDP up to ≈80B on 64 GPUs (8 GPUs run
+out of memory at ≈40B); 3d beyond. On 512 GPUs the fixed batch leaves each GPU so little compute that even
+a 1.3B model's all-reduce no longer hides, and 3d wins at every size (pass a bigger ``global_batch``).
+
+Assumptions, all constants below: mixed precision + Adam (memory.py), a GPT of the shape the model size
+suggests (``assumed_shape``: GPT-3's 128-wide heads and hidden ≈ 128 × layers; 1.3B → 24 × 2048,
+13B → 40 × 5120, 175B → 96 × 12288, as in Brown et al. 2020 Table 2.1), sequences of 2048 tokens,
+a global batch of 1024 sequences (≈ 2M tokens) and 400 TFLOP/s sustained per GPU.
+
+Memory per GPU: memory.py's estimate (1F1B; sequence parallel whenever tp > 1) plus two transient buffers:
+with full recompute one layer's activations while it is recomputed, and with ZeRO-3 two gathered layers
+(current + prefetched). It must fit ``USABLE_FRACTION`` of the device (the rest: CUDA context, NCCL
+buffers, fragmentation). ZeRO-2/3 are used without PP (FSDP), ZeRO-1 (Megatron's distributed optimizer)
+with it.
+
+Step time: compute = 6Ψ FLOPs per token (8Ψ with full recompute: one more forward; Narayanan et al. 2021
+§5.1) over tp·pp GPUs, stretched by the 1F1B bubble to (m + pp − 1)/m; plus tensor- and pipeline-parallel
+traffic (on the critical path); plus data-parallel traffic beyond what overlaps with compute. Traffic is
+traffic.py's ring model over the link the group spans: NVLink inside a node, ``interconnect`` across.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from partrain_edu.theory.memory import activation_bytes_per_layer, estimate_memory
+from partrain_edu.theory.traffic import LINKS, step_traffic
+from partrain_edu.units import format_bytes, format_count, parse_size
+
+SEQ, VOCAB, HEAD_DIM = 2048, 51200, 128
+GLOBAL_BATCH = 1024             # sequences per optimizer step
+FLOPS_PER_GPU = 400e12          # sustained; ≈ 40 % of an H100's 989 TFLOP/s dense bf16 peak
+USABLE_FRACTION = 0.9
+SIMPLICITY_MARGIN = 1.5         # a simpler family may be up to 1.5x slower than the fastest layout
+FAMILIES = ("ddp", "fsdp", "3d")
+
+
+@dataclass(frozen=True)
+class Shape:
+    layers: int
+    hidden: int
+    heads: int
+
+
+def assumed_shape(params: int) -> Shape:
+    """A GPT-3-like shape of about ``params`` parameters: heads of 128, hidden ≈ 128 × layers (rounded)."""
+    heads = max(1, round((128 * params / 12) ** (1 / 3) / HEAD_DIM))  # from Ψ ≈ 12lh² and h = 128·l
+    if heads >= 8:
+        heads = 8 * round(heads / 8)  # so tensor parallelism up to 8 divides the heads
+    hidden = heads * HEAD_DIM
+    layers = max(1, round((params - (VOCAB + SEQ + 2) * hidden) / (12 * hidden**2 + 13 * hidden)))
+    if layers >= 8:
+        layers = 8 * round(layers / 8)  # so pipelines of 2, 4 and 8 stages split the layers evenly
+    return Shape(layers, hidden, heads)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way to run the model on the GPUs, with its estimated memory and step time."""
+
+    strategy: str
+    dp: int
+    tp: int
+    pp: int
+    zero: int
+    micro_batch: int
+    microbatches: int
+    recompute: str
+    bytes_per_device: int
+    step_time_s: float
+    exposed_comm_s: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    layout: Layout
+    reason: str
+    shape: Shape
+
+    def to_dict(self) -> dict:
+        """The ``plan --json`` object."""
+        lay = self.layout
+        return {"strategy": lay.strategy, "dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "zero": lay.zero,
+                "bytes_per_device": lay.bytes_per_device, "reason": self.reason}
+
+    def table(self) -> str:
+        lay, shape = self.layout, self.shape
+        return "\n".join([
+            f"strategy {lay.strategy}: dp={lay.dp} tp={lay.tp} pp={lay.pp} zero={lay.zero}",
+            f"  {format_bytes(lay.bytes_per_device)} per GPU; micro-batch {lay.micro_batch} x {lay.microbatches}, "
+            f"recompute {lay.recompute}; about {lay.step_time_s:.3g} s per step",
+            f"  assumed shape: {shape.layers} layers, hidden {shape.hidden}, {shape.heads} heads, seq {SEQ}",
+            f"  why: {self.reason}"])
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    return [2**k for k in range(limit.bit_length()) if 2**k <= limit]
+
+
+def candidate_layouts(params: int | str, gpus: int, gpu_memory: int | str, gpus_per_node: int = 8,
+                      interconnect: str = "infiniband", global_batch: int = GLOBAL_BATCH) -> list[Layout]:
+    """Every layout of ``gpus`` GPUs that fits ``gpu_memory`` bytes each, with its estimated step time."""
+    params, gpu_memory = (parse_size(v) if isinstance(v, (str, float)) else v for v in (params, gpu_memory))
+    for flag, value in (("--params", params), ("--gpus", gpus), ("--gpu-memory", gpu_memory),
+                        ("--gpus-per-node", gpus_per_node), ("global_batch", global_batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{flag} must be a positive whole number, got {value!r}")
+    if interconnect not in LINKS:  # "nvlink" between nodes: NVLink-switch systems such as GB200 NVL72
+        raise ValueError(f"--interconnect must be one of {', '.join(LINKS)}, got {interconnect!r}")
+    if gpus > gpus_per_node and gpus % gpus_per_node:
+        raise ValueError(f"--gpus {gpus} is not a multiple of --gpus-per-node {gpus_per_node}; use whole nodes")
+    shape = assumed_shape(params)
+    layer_params = 12 * shape.hidden**2 + 13 * shape.hidden
+
+    # Ranks are ordered tp fastest, then dp, then pp (Megatron-LM), so a tp group spans tp consecutive
+    # ranks, a dp group tp·dp and a pp group all of them; a group inside one node talks over NVLink.
+    def bandwidth(span: int) -> float:
+        return LINKS["nvlink"] if span <= gpus_per_node and gpus_per_node > 1 else LINKS[interconnect]
+
+    layouts = []
+    for tp in _powers_of_two(min(gpus_per_node, gpus)):
+        for pp in [d for d in range(1, shape.layers + 1) if shape.layers % d == 0]:
+            if tp * pp > gpus or gpus % (tp * pp) or shape.heads % tp:
+                continue
+            dp = gpus // (tp * pp)
+            strategy_zeros = [("ddp", 0), ("fsdp", 2), ("fsdp", 3)] if tp == pp == 1 else [("3d", 0), ("3d", 1)]
+            seqs = math.ceil(global_batch / dp)  # sequences per model replica per step
+            for (strategy, zero), recompute, b in (
+                    (sz, r, b) for sz in strategy_zeros for r in ("none", "selective", "full")
+                    for b in _powers_of_two(min(seqs, 64))):
+                m = math.ceil(seqs / b)
+                mem = estimate_memory(params, dp=dp, tp=tp, pp=pp, zero=zero, layers=shape.layers,
+                                      hidden=shape.hidden, heads=shape.heads, seq=SEQ, micro_batch=b,
+                                      recompute=recompute, sequence_parallel=tp > 1, microbatches=m)
+                transient = 2 * 2 * layer_params // tp if zero == 3 else 0
+                if recompute == "full":
+                    transient += activation_bytes_per_layer(seq=SEQ, micro_batch=b, hidden=shape.hidden,
+                                                            heads=shape.heads, tp=tp, sequence_parallel=tp > 1)
+                total = mem.total_bytes + transient
+                if total > USABLE_FRACTION * gpu_memory:
+                    continue
+                flops = (8 if recompute == "full" else 6) * params * seqs * SEQ / (tp * pp)
+                compute = flops / FLOPS_PER_GPU * (m + pp - 1) / m
+                shape_kw = dict(layers=shape.layers, hidden=shape.hidden, seq=SEQ, micro_batch=b, microbatches=m)
+                critical = (step_traffic("tp", tp=tp, pp=pp, **shape_kw).per_rank_bytes_sent / bandwidth(tp)
+                            + step_traffic("pp", pp=pp, **shape_kw).per_rank_bytes_sent / bandwidth(gpus))
+                dp_name = "ddp" if zero == 0 else f"zero{zero}"
+                dp_time = (step_traffic(dp_name, params, dp=dp, tp=tp, pp=pp, microbatches=m)
+                           .per_rank_bytes_sent / bandwidth(tp * dp))
+                exposed = max(0.0, dp_time - compute)
+                layouts.append(Layout(strategy, dp, tp, pp, zero, b, m, recompute, total,
+                                      compute + critical + exposed, exposed + critical))
+    return layouts
+
+
+def plan(params: int | str, gpus: int, gpu_memory: int | str, gpus_per_node: int = 8, interconnect: str = "infiniband",
+         global_batch: int = GLOBAL_BATCH) -> Plan:
+    """The ``plan`` subcommand: the simplest family that fits and hides its traffic, else the fastest layout.
+
+    ``global_batch`` (sequences per step, not a CLI flag) sets the compute that data-parallel traffic can
+    hide behind: on many GPUs a fixed batch leaves each one too little work to hide an all-reduce.
+    """
+    params, gpu_memory = (parse_size(v) if isinstance(v, (str, float)) else v for v in (params, gpu_memory))
+    layouts = candidate_layouts(params, gpus, gpu_memory, gpus_per_node, interconnect, global_batch)
+    if not layouts:
+        raise ValueError(f"{format_count(params)} parameters fit no layout of {gpus} GPU(s) with "
+                         f"{format_bytes(gpu_memory)} each, even with ZeRO-3 and full recompute; use more GPUs "
+                         "(--gpus) or bigger ones (--gpu-memory)")
+    best = {f: min((lay for lay in layouts if lay.strategy == f),
+                   key=lambda lay: (lay.step_time_s, lay.bytes_per_device), default=None) for f in FAMILIES}
+    fastest = min(lay.step_time_s for lay in layouts)
+    def acceptable(f: str) -> bool:  # fits, hides its data-parallel traffic, and is not much slower
+        lay = best[f]
+        return lay is not None and lay.exposed_comm_s == 0 and lay.step_time_s <= SIMPLICITY_MARGIN * fastest
+
+    family = next((f for f in ("ddp", "fsdp") if acceptable(f)), None) or min(
+        (f for f in FAMILIES if best[f]), key=lambda f: best[f].step_time_s)
+    chosen = best[family]
+
+    def rejected(families: tuple[str, ...]) -> str:
+        names = {"ddp": "plain DDP", "fsdp": "sharding alone (FSDP)"}
+        fitting = [best[f] for f in families if best[f]]
+        if not fitting and len(families) == 1:
+            return f"{names[families[0]]} does not fit one {format_bytes(gpu_memory)} GPU"
+        if not fitting:
+            return f"neither {' nor '.join(names[f] for f in families)} fits {format_bytes(gpu_memory)} GPUs"
+        simpler = min(fitting, key=lambda lay: lay.step_time_s)
+        slower = f"{simpler.step_time_s / chosen.step_time_s:.1f}x slower"
+        if simpler.exposed_comm_s > 0:
+            return f"{names[simpler.strategy]} could not hide its communication behind compute ({slower})"
+        return f"{names[simpler.strategy]} would be {slower}"
+
+    states = f"{format_count(params)} parameters need {format_bytes(16 * params)} of mixed-precision Adam states"
+    needs = f"needs {format_bytes(chosen.bytes_per_device)} per GPU" + (
+        f" with {chosen.recompute} activation recompute" if chosen.recompute != "none" else "")
+    if family == "ddp":
+        where = "one GPU trains it alone (add GPUs with plain DDP)" if gpus == 1 else \
+            f"plain data parallel (DDP) over {gpus} GPUs is enough"
+        reason = f"{states}, which fit one {format_bytes(gpu_memory)} GPU with the activations, so {where}: it {needs}."
+    elif family == "fsdp":
+        mode = "FULL_SHARD" if chosen.zero == 3 else "SHARD_GRAD_OP"
+        hidden = ", its collectives hidden behind compute" if chosen.exposed_comm_s == 0 else ""
+        reason = (f"{states}; {rejected(('ddp',))}, but sharded with ZeRO-{chosen.zero} over "
+                  f"{chosen.dp} GPUs (FSDP {mode}) it {needs}{hidden}.")
+    else:
+        parts = [f"tensor parallel {chosen.tp} inside a node"] if chosen.tp > 1 else []
+        if chosen.pp > 1:
+            parts.append(f"pipeline parallel {chosen.pp} across {'nodes' if gpus > gpus_per_node else 'GPUs'}")
+        if chosen.dp > 1:
+            parts.append(f"data parallel {chosen.dp} outside (ZeRO-{chosen.zero})")
+        reason = f"{states}; {rejected(('ddp', 'fsdp'))}, so {', '.join(parts)}: it {needs}."
+    return Plan(chosen, reason, assumed_shape(params))

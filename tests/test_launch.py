@@ -1,0 +1,143 @@
+"""The launcher: results, published values, and every way a rank can fail — each a clear error within seconds,
+with nothing left running."""
+import _thread
+import threading
+import time
+import uuid
+
+import pytest
+
+from partrain_edu.launch import TorchrunError, run_cell_magic, torchrun
+from conftest import processes_with
+
+ALL_REDUCE = """
+import sys
+import torch, torch.distributed as dist
+from partrain_edu import runtime
+ctx = runtime.init()
+t = torch.tensor([float(ctx.rank + 1)])
+dist.all_reduce(t)
+print(f"rank {ctx.rank} of {ctx.world_size} sees {t.item():.0f}; args {sys.argv[1:]}")
+runtime.publish("total", t.item())
+runtime.publish("world", ctx.world_size)
+"""
+
+FAILING = """
+import os, signal, sys, time
+import torch, torch.distributed as dist
+from partrain_edu import runtime
+ctx = runtime.init(timeout=5)  # collectives give up after 5 s
+mode = sys.argv[1]  # sys.argv[2] is a marker that lets the test find leftover processes
+
+def broken_layer():
+    raise ValueError("weights of rank 1 have the wrong shape")
+
+if ctx.rank == 1:
+    if mode == "raise":
+        broken_layer()
+    if mode == "hang":
+        time.sleep(600)
+    if mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+if mode == "sleep":
+    time.sleep(600)
+dist.all_reduce(torch.ones(4))
+print("unreachable for rank 0")
+"""
+
+
+def test_all_ranks_run_and_rank0_publishes():
+    lines = []
+    result = torchrun(ALL_REDUCE, nproc=3, args=["--lr", "0.1"], echo=lambda r, t: lines.append((r, t)))
+    assert result.returncode == 0
+    assert result.published == {"total": 6.0, "world": 3}
+    for rank in range(3):
+        assert result.outputs[rank] == f"rank {rank} of 3 sees 6; args ['--lr', '0.1']\n"
+    assert sorted(lines) == [(r, f"rank {r} of 3 sees 6; args ['--lr', '0.1']") for r in range(3)]
+    assert result.wall_s > 0
+
+
+def test_show_rank_streams_only_that_rank_but_keeps_all_outputs():
+    lines = []
+    result = torchrun(ALL_REDUCE, nproc=2, show_rank=1, echo=lambda r, t: lines.append(r))
+    assert lines == [1] and set(result.outputs) == {0, 1}
+
+
+def test_cell_magic_puts_published_values_into_the_namespace(capsys):
+    namespace = {}
+    run_cell_magic("-n 2 --timeout 60 -- --lr 0.1", ALL_REDUCE, namespace)
+    assert namespace == {"total": 3.0, "world": 2}
+    assert "[rank 1] rank 1 of 2 sees 3; args ['--lr', '0.1']" in capsys.readouterr().out
+
+
+def _fail(mode: str, timeout: float = 30):
+    marker = f"marker-{uuid.uuid4().hex}"
+    start = time.perf_counter()
+    with pytest.raises(TorchrunError) as info:
+        torchrun(FAILING, nproc=2, args=[mode, marker], timeout=timeout, echo=None)
+    elapsed = time.perf_counter() - start
+    assert processes_with(marker) == [], "a rank outlived the failed launch"
+    return info.value, elapsed
+
+
+def test_a_raising_rank_surfaces_its_own_traceback():
+    error, elapsed = _fail("raise")
+    assert error.rank == 1 and not error.timed_out
+    text = str(error)
+    assert text.startswith("rank 1 failed")
+    assert "in broken_layer" in text and "ValueError: weights of rank 1 have the wrong shape" in text
+    assert "ChildFailedError" not in text and "torch/distributed" not in text
+    assert elapsed < 20
+
+
+def test_a_hanging_rank_ends_in_a_collective_timeout_that_names_it():
+    error, elapsed = _fail("hang", timeout=40)
+    assert error.timed_out and error.rank == 0
+    assert "rank(s) [1] never got that far" in str(error)
+    assert "did not make the same collective calls" in str(error)
+    assert elapsed < 25  # 5 s collective timeout + start-up, long before the launcher's 40 s
+
+
+def test_the_launcher_timeout_kills_every_rank():
+    error, elapsed = _fail("sleep", timeout=8)  # no collective running: only the launcher can stop them
+    assert error.timed_out and error.rank is None
+    assert "timed out after 8 s" in str(error) and "Ranks still running: [0, 1]" in str(error)
+    assert elapsed < 8 + 8
+
+
+def test_a_rank_killed_by_a_signal_is_named():
+    error, elapsed = _fail("kill")
+    assert error.rank == 1 and "killed by signal SIGKILL" in str(error)
+    assert elapsed < 20
+
+
+def test_a_kernel_interrupt_kills_every_rank():
+    marker = f"marker-{uuid.uuid4().hex}"
+    timer = threading.Timer(6.0, _thread.interrupt_main)  # what the notebook's stop button does
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        torchrun(FAILING, nproc=2, args=["sleep", marker], echo=None)
+    timer.cancel()
+    assert processes_with(marker) == []
+
+
+def test_two_launches_at_once_do_not_collide():
+    results, errors = [], []
+
+    def launch():
+        try:
+            results.append(torchrun(ALL_REDUCE, nproc=2, echo=None).published["total"])
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=launch) for _ in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert errors == [] and results == [3.0, 3.0]
+
+
+@pytest.mark.parametrize("kwargs, words", [({"nproc": 0}, "nproc must be"), ({"timeout": -1}, "timeout must"),
+                                           ({"show_rank": 2}, "--rank 2 does not exist")])
+def test_bad_launch_arguments(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        torchrun("print(1)", **{"nproc": 2, **kwargs})

@@ -1,0 +1,134 @@
+"""The memory / traffic / pipeline / plan subcommands, through a parser built like partrain_edu/cli.py's."""
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from partrain_edu.theory.cli import add_subcommands
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(capsys, *argv):
+    parser = argparse.ArgumentParser(prog="partrain-edu")
+    add_subcommands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args([str(a) for a in argv])
+    assert args.func(args) == 0
+    return capsys.readouterr().out
+
+
+def run_json(capsys, *argv):
+    out = run(capsys, *argv, "--json")
+    assert out.count("\n") == 1  # exactly one JSON object, on one line
+    return json.loads(out)
+
+
+def test_memory_must_show(capsys):
+    d = run_json(capsys, "memory", "--params", "7.5e9")
+    assert d == {"params": 7_500_000_000, "bytes": {"params": 15_000_000_000, "grads": 15_000_000_000,
+                                                     "optimizer": 90_000_000_000, "activations": 0,
+                                                     "total": 120_000_000_000}}
+    d = run_json(capsys, "memory", "--params", "7.5e9", "--dp", "64", "--zero", "3")
+    assert d["bytes"]["total"] == 1_875_000_000
+
+
+def test_memory_from_architecture_with_activations(capsys):
+    d = run_json(capsys, "memory", "--layers", 24, "--hidden", 2304, "--heads", 24, "--vocab", "51200",
+                 "--seq", 2048, "--micro-batch", 1)
+    assert d["params"] == 1_652_230_656
+    assert d["bytes"]["activations"] == 24 * (34 * 2048 * 2304 + 5 * 24 * 2048 * 2048)
+    assert all(isinstance(v, int) for v in d["bytes"].values())
+
+
+def test_pipeline_must_show(capsys):
+    d = run_json(capsys, "pipeline", "--stages", 4, "--microbatches", 8, "--schedule", "1f1b")
+    assert d["bubble_fraction"] == pytest.approx(3 / 11, abs=1e-15)
+    assert d["peak_activations"] == [4, 3, 2, 1]
+    assert d["makespan"] == 33.0
+
+
+def test_pipeline_interleaved_and_zb_h1(capsys):
+    d = run_json(capsys, "pipeline", "--stages", 4, "--microbatches", 8, "--schedule", "interleaved",
+                 "--chunks", 2)
+    assert d["bubble_fraction"] == pytest.approx(3 / 19)        # (p−1)/(v·m+p−1)
+    assert {e["chunk"] for e in d["events"]} == {0, 1}
+    d = run_json(capsys, "pipeline", "--stages", 4, "--microbatches", 8, "--schedule", "zb-h1",
+                 "--t-forward", 1, "--t-backward", 1, "--t-weight", 1)
+    assert d["makespan"] == 27.0 and {e["kind"] for e in d["events"]} == {"F", "B", "W"}
+
+
+@pytest.mark.parametrize("params, gpus, strategy", [("1.3B", 64, "ddp"), ("13B", 64, "fsdp"), ("175B", 64, "3d"),
+                                                     ("1.3B", 8, "ddp"), ("13B", 8, "fsdp"), ("175B", 1024, "3d")])
+def test_plan_must_show(capsys, params, gpus, strategy):
+    d = run_json(capsys, "plan", "--params", params, "--gpus", gpus, "--gpu-memory", "80GB")
+    assert d["strategy"] == strategy
+
+
+def test_traffic_json(capsys):
+    d = run_json(capsys, "traffic", "--strategy", "zero3", "--params", "7.5B", "--dp", 64)
+    assert d["per_rank_bytes_sent"] == 3 * 63 * 15_000_000_000 // 64
+    assert [c["op"] for c in d["collectives"]] == ["all_gather", "reduce_scatter"]
+
+
+@pytest.mark.parametrize("argv, word", [
+    (["memory", "--params", "7.5B"], "total"),
+    (["traffic", "--strategy", "ddp", "--params", "1.3B", "--dp", "8"], "1gbe"),
+    (["pipeline", "--stages", "2", "--microbatches", "3"], "bubble"),
+    (["plan", "--params", "13B", "--gpus", "8", "--gpu-memory", "80GB"], "why"),
+])
+def test_tables_for_people(capsys, argv, word):
+    out = run(capsys, *argv)
+    assert word in out
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(out)
+
+
+def test_bad_values_raise_value_error_in_the_handler(capsys):
+    with pytest.raises(ValueError, match="multiple of --stages 4"):
+        run(capsys, "pipeline", "--stages", 4, "--microbatches", 6, "--schedule", "interleaved")
+    with pytest.raises(ValueError, match="not divisible by --pp 4"):
+        run(capsys, "memory", "--params", "1B", "--layers", 30, "--pp", 4)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["memory", "--params", "-5"], "size must be positive"),
+    (["memory", "--params", "lots"], "cannot read 'lots' as a size"),
+    (["memory", "--params", "7.5B", "--zero", "5"], "invalid choice"),
+    (["memory", "--params", "7.5B", "--dp", "0"], "must be at least 1"),
+    (["plan", "--params", "13B", "--gpus", "8", "--gpu-memory", "0GB"], "size must be positive"),
+    (["pipeline", "--stages", "4", "--microbatches", "8", "--t-forward", "-1"], "finite number >= 0"),
+])
+def test_bad_flags_are_argparse_errors(capsys, argv, words):
+    with pytest.raises(SystemExit) as exc:
+        run(capsys, *argv)
+    assert exc.value.code == 2
+    assert words in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+needs_main = pytest.mark.skipif(not (REPO / "partrain_edu" / "__main__.py").exists(),
+                                reason="partrain_edu/__main__.py (the lead's CLI entry point) not there yet")
+
+
+def cli(*argv):
+    return subprocess.run([sys.executable, "-m", "partrain_edu", *map(str, argv)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+@needs_main
+def test_python_m_partrain_edu_memory_json():
+    done = cli("memory", "--params", "7.5e9", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["bytes"]["total"] == 120_000_000_000
+
+
+@needs_main
+@pytest.mark.parametrize("argv", [("memory", "--params", "-5"),
+                                  ("pipeline", "--stages", 4, "--microbatches", 6, "--schedule", "interleaved")])
+def test_python_m_partrain_edu_bad_input_exits_2_with_one_line(argv):
+    done = cli(*argv)
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1 and "error" in done.stderr

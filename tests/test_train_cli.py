@@ -1,0 +1,86 @@
+"""`partrain-edu train`: the contract of DESIGN.md, and the oracle — every strategy reproduces `single`."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from partrain_edu.models import TinyGPT
+
+FP32 = 4
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "partrain_edu", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def train_json(*args: str) -> dict:
+    done = cli("train", *args, "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)  # exactly one JSON object on stdout
+
+
+@pytest.fixture(scope="module")
+def single():
+    return train_json("--strategy", "single", "--steps", "20")
+
+
+def model_bytes():
+    params = list(TinyGPT().parameters())
+    n = sum(p.numel() for p in params)
+    # AdamW keeps exp_avg and exp_avg_sq per parameter, plus a scalar fp32 step count per tensor.
+    return n * FP32, n * FP32, 2 * n * FP32 + len(params) * FP32
+
+
+def test_single_learns_and_reports_the_contract(single):
+    assert set(single) == {"strategy", "world_size", "losses", "comm", "state_bytes", "step_time_s"}
+    losses = single["losses"]
+    assert single["strategy"] == "single" and single["world_size"] == 1 and len(losses) == 20
+    assert abs(losses[0] - 4.852) < 0.05  # ln(128): an untrained model guesses
+    assert losses[-1] < losses[0] - 1.0 and losses[-1] < min(losses[:10])
+    assert single["comm"] == {}
+    params, grads, optimizer = model_bytes()
+    assert single["state_bytes"] == {"params": params, "grads": grads, "optimizer": optimizer}
+    assert single["step_time_s"] > 0
+
+
+@pytest.mark.parametrize("nproc, microbatches", [(2, 1), (4, 2)])
+def test_torch_ddp_reproduces_single_and_sends_the_ring_all_reduce(single, nproc, microbatches):
+    ddp = train_json("--strategy", "torch-ddp", "--nproc", str(nproc), "--steps", "20",
+                     "--microbatches", str(microbatches))
+    assert ddp["world_size"] == nproc
+    assert ddp["losses"] == pytest.approx(single["losses"], rel=1e-5, abs=1e-5)
+    params, grads, optimizer = model_bytes()
+    # Ring all-reduce: each rank sends 2(n−1)/n of the gradient bytes per step (DDP's one bucket here).
+    assert ddp["comm"] == {"all_reduce": {"calls": 1, "bytes": 2 * (nproc - 1) * grads // nproc}}
+    assert ddp["state_bytes"] == {"params": params, "grads": grads, "optimizer": optimizer}  # a full replica
+
+
+def test_gradient_accumulation_in_single_matches_one_big_batch(single):
+    accumulated = train_json("--strategy", "single", "--steps", "20", "--microbatches", "4")
+    assert accumulated["losses"] == pytest.approx(single["losses"], rel=1e-5, abs=1e-5)
+
+
+def test_people_get_a_table():
+    done = cli("train", "--strategy", "single", "--steps", "3")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("single on 1 rank(s)\nstep  loss\n   1  4.88")
+    assert "median step time" in done.stdout
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--strategy", "nope"], "unknown strategy 'nope'; choose one of: single, torch-ddp"),
+    (["--strategy", "single", "--steps", "0"], "--steps must be a positive integer"),
+    (["--strategy", "single", "--nproc", "2"], "single runs on one process"),
+    (["--strategy", "torch-ddp", "--nproc", "3"], "--global-batch 16 must be divisible by dp × microbatches"),
+    (["--strategy", "torch-ddp", "--nproc", "2", "--tp", "2"], "data parallel only"),
+    (["--strategy", "single", "--global-batch", "-4"], "--global-batch must be a positive integer"),
+    (["--strategy", "single", "--steps", "ten"], "invalid int value: 'ten'"),
+])
+def test_bad_input_exits_2_with_one_line(args, words):
+    done = cli("train", *args, "--json")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert words in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
