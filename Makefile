@@ -5,6 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.partrain-installed
 # Extra flags for `jupyter lab`, e.g. LAB_FLAGS="--no-browser --port 8899" (the lab test uses this).
 LAB_FLAGS ?=
+# Jupyter refuses to start as root (containers, CI) unless told that it is on purpose.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 # nbval compares every cell's saved output; timings and addresses are masked by the sanitize file.
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
@@ -21,7 +23,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lab: install
-	$(BIN)/jupyter lab notebooks/00_start_here.ipynb $(LAB_FLAGS)
+	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb \
+		$(ROOT_FLAG) $(LAB_FLAGS)
 
 test: install
 	$(BIN)/python -m pytest tests notebooks $(NBVAL)
