@@ -2,7 +2,7 @@
 
 Inside ``with CommTracer() as tracer:`` each call becomes one frozen :class:`CommRecord`: op name, payload
 ``bytes`` S, group (size, global ranks), peer or root, step index, label, and the bytes *this* rank sends
-(``sent``) and receives (``received``) under the ring cost model. With n = group size (integer division):
+(``sent``) and receives (``received``) under the ring cost model. With n = group size (bytes rounded up, as `theory.traffic`):
 
     all_reduce                 2(n-1)/n * S  a reduce-scatter then an all-gather around a ring, each moving n-1
                                              chunks of S/n: bandwidth-optimal (Patarasuk & Yuan 2009); the
@@ -90,7 +90,7 @@ def _ring(arg: str, factor: int):
     """Cost of a ring collective on the full tensor(s) in argument ``arg``: factor * (n-1)/n * S each way."""
     def cost(a, g):
         S = _size(a[arg])
-        moved = factor * (g.n - 1) * S // g.n
+        moved = -(-factor * (g.n - 1) * S // g.n)   # rounded up, as theory.traffic.ring_bytes_sent
         return S, moved, moved, _peer(g, a.get("dst"), a.get("group_dst"))   # reduce has a root
     return cost
 
@@ -187,6 +187,8 @@ def _group_of(group) -> _Group | None:
 
 
 def _wrap(name: str, orig):
+    """The traced version of ``orig``: a leaf op records itself (nested calls are ignored), a composite op
+    records the sum of its nested calls, batch_isend_irecv records each nested isend/irecv."""
     if getattr(orig, "_comm_traced", False) or orig in _WRAPPERS:
         return _WRAPPERS.get(orig, orig)
     sig = inspect.signature(orig)
