@@ -141,3 +141,9 @@ def test_two_launches_at_once_do_not_collide():
 def test_bad_launch_arguments(kwargs, words):
     with pytest.raises(ValueError, match=words):
         torchrun("print(1)", **{"nproc": 2, **kwargs})
+
+
+def test_backend_option_reaches_the_ranks_and_one_rank_works():
+    code = "from partrain_edu import runtime\nctx = runtime.init()\nruntime.publish('backend', ctx.backend)\n"
+    result = torchrun(code, nproc=1, backend="gloo", echo=None)
+    assert result.published == {"backend": "gloo"} and set(result.outputs) == set()
