@@ -36,7 +36,7 @@ counts once, as the outer op.
 How: entering patches the functions of ``torch.distributed`` and of ``torch.distributed.distributed_c10d``
 (all_gather_object reaches all_gather through the latter's globals); exiting puts back exactly what was there,
 also on an exception. It cannot see collectives made in C++ (PyTorch DDP's bucket all-reduce: register
-:func:`traced_allreduce_hook`), functional collectives (DTensor, FSDP2), nor a function bound by
+:func:`partrain_edu.comm_adapters.traced_allreduce_hook`), functional collectives (DTensor, FSDP2: see ``comm_adapters``), nor a function bound by
 ``from torch.distributed import all_reduce`` before entering. The patch is process-wide, so one tracer is active
 per process: entering a second raises. No timings: an async op returns before its bytes move.
 """
@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-__all__ = ["CommRecord", "CommTracer", "traced_allreduce_hook"]
+__all__ = ["CommRecord", "CommTracer"]
 
 
 @dataclass(frozen=True)
@@ -282,6 +282,17 @@ class CommTracer:
 
     steps = property(lambda self: self._step)
 
+    @classmethod
+    def active(cls) -> CommTracer | None:
+        """The tracer recording in this process, if any."""
+        return cls._active
+
+    def add(self, record: CommRecord) -> None:
+        """Record communication the patch cannot see (DTensor's and FSDP2's functional collectives run in
+        C++): an adapter builds the `CommRecord` with the same ring cost model. Ignored while paused."""
+        if not self._paused:
+            self.records.append(record)
+
     def _record(self, op, g: _Group, payload, sent, received, peer) -> CommRecord:
         return CommRecord(op, payload, sent, received, g.n, g.ranks, peer, self._step,
                           self._labels[-1] if self._labels else None)
@@ -328,18 +339,3 @@ class CommTracer:
     def summary_of_max_sender(self, per_step: bool = True, group=None) -> dict[str, dict[str, int]]:
         """The per-step summary of the rank that sends most: the ``comm`` of ``partrain-edu train``."""
         return self.merge(per_step, group)["max_sender"]["summary"]
-
-
-def traced_allreduce_hook(process_group, bucket):  # -> Future[Tensor]; DDP rejects a string annotation
-    """DDP comm hook with the semantics of PyTorch's default one (``default_hooks.allreduce_hook``): divide
-    the bucket by the world size, all-reduce it, hand back the averaged buffer.
-
-    PyTorch's DDP all-reduces gradient buckets in C++, where a tracer cannot see them. This hook makes the
-    same call through the ``torch.distributed.all_reduce`` attribute, so ``ddp.register_comm_hook(None,
-    traced_allreduce_hook)`` (or a process group instead of None) makes DDP's traffic visible to a CommTracer.
-    """
-    group = process_group if process_group is not None else dist.group.WORLD
-    tensor = bucket.buffer()
-    tensor.div_(dist.get_world_size(group))       # divide first, as torch does, to avoid fp16 overflow
-    work = dist.all_reduce(tensor, group=group, async_op=True)   # looked up now: the traced one if active
-    return work.get_future().then(lambda fut: fut.value()[0])

@@ -175,7 +175,8 @@ import copy, dataclasses, gc
 import torch, torch.distributed as dist, torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from partrain_edu import runtime
-from partrain_edu.comm import CommTracer, traced_allreduce_hook
+from partrain_edu.comm import CommTracer
+from partrain_edu.comm_adapters import traced_allreduce_hook
 
 ctx = runtime.init(backend="gloo")
 rank, n = ctx.rank, ctx.world_size

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from torch.nn.parallel import DistributedDataParallel
 
-from partrain_edu.comm import traced_allreduce_hook
+from partrain_edu.comm_adapters import traced_allreduce_hook
 from partrain_edu.train import Strategy, data_parallel_batch, register
 
 
