@@ -10,7 +10,7 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 # nbval compares every cell's saved output; timings and addresses are masked by the sanitize file.
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: install lab test notebooks clean
+.PHONY: install lab test notebooks clean browser
 
 install: $(STAMP)
 
@@ -26,8 +26,14 @@ lab: install
 	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb \
 		$(ROOT_FLAG) $(LAB_FLAGS)
 
-test: install
+test: install browser
 	$(BIN)/python -m pytest tests notebooks $(NBVAL)
+
+# The browser test drives Debian's Chromium (Playwright's own browser download is not used). Installed with apt
+# only when missing: nothing to do, and no network, when /usr/bin/chromium is there.
+browser:
+	@test -x /usr/bin/chromium || { if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium; }
 
 # Re-execute every notebook in place (they are committed with outputs; nbval compares them in `make test`).
 notebooks: install

@@ -1,0 +1,142 @@
+"""Which strategy for this model on these GPUs? The planner's answer with its reason, the memory of the layout
+it chose, and what that layout sends per step over which link.
+
+    from partrain_edu.viz import planner_widget
+    planner_widget()         # 7.5B on 64 GPUs of 80 GB, 8 per node, InfiniBand between nodes
+
+Everything comes from ``partrain_edu.theory.planner.plan`` (the ``partrain-edu plan`` command): the source
+notes' decision order (DDP if the states fit one device, else FSDP/ZeRO-3, else TP inside a node + PP across
+nodes + DP outside), derived from the memory and traffic models rather than typed in. The memory bar is
+``estimate_memory`` for the chosen layout plus the planner's transient buffers; the traffic bars are
+``step_traffic`` per parallel group, timed over the link that group spans (NVLink inside a node).
+"""
+
+from __future__ import annotations
+
+import ipywidgets as w
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from partrain_edu.theory.memory import estimate_memory
+from partrain_edu.theory.planner import SEQ, USABLE_FRACTION, Plan, plan
+from partrain_edu.theory.traffic import LINKS, step_traffic
+from partrain_edu.units import format_bytes, format_count, parse_size
+from partrain_edu.viz._app import DEVICE_MEMORY, POWERS_OF_TWO, Section, WidgetApp, link_model_preset, model_controls, toggles
+from partrain_edu.viz.palette import ACTIVATIONS, FITS, GRADS, INK, OPTIMIZER, OVER, PARAMS, TRANSIENT, clean
+from partrain_edu.viz.traffic import LINK_NAMES
+
+STRATEGY_NAMES = {"ddp": "DDP", "fsdp": "FSDP / ZeRO", "3d": "3D parallel (TP + PP + DP)"}
+
+
+def layout_memory(chosen: Plan, params: int) -> dict[str, int]:
+    """Bytes per GPU of the chosen layout by component; "transient" is what the planner adds on top."""
+    lay, shape = chosen.layout, chosen.shape
+    mem = estimate_memory(params, dp=lay.dp, tp=lay.tp, pp=lay.pp, zero=lay.zero, layers=shape.layers,
+                          hidden=shape.hidden, heads=shape.heads, seq=SEQ, micro_batch=lay.micro_batch,
+                          recompute=lay.recompute, sequence_parallel=lay.tp > 1, microbatches=lay.microbatches)
+    parts = {"params": mem.params_bytes, "grads": mem.grads_bytes, "optimizer": mem.optimizer_bytes,
+             "activations": mem.activations_bytes}
+    parts["transient"] = lay.bytes_per_device - sum(parts.values())
+    return parts
+
+
+def layout_traffic(chosen: Plan, params: int, gpus: int, gpus_per_node: int, interconnect: str) -> list[tuple]:
+    """(group, bytes per step, link name, seconds) for the tp, pp and dp groups of the chosen layout.
+
+    Ranks are ordered tp fastest, then dp, then pp (as in the planner), so a group spanning ≤ gpus_per_node
+    consecutive ranks stays inside a node and talks over NVLink.
+    """
+    lay, shape = chosen.layout, chosen.shape
+    kw = dict(layers=shape.layers, hidden=shape.hidden, seq=SEQ, micro_batch=lay.micro_batch,
+              microbatches=lay.microbatches)
+
+    def link(span: int) -> str:
+        return "nvlink" if span <= gpus_per_node and gpus_per_node > 1 else interconnect
+
+    dp_name = "ddp" if lay.zero == 0 else f"zero{lay.zero}"
+    rows = [(f"TP all-reduces (tp={lay.tp})", step_traffic("tp", tp=lay.tp, pp=lay.pp, **kw), link(lay.tp)),
+            (f"PP sends (pp={lay.pp})", step_traffic("pp", pp=lay.pp, **kw), link(gpus)),
+            (f"DP {'all-reduce' if lay.zero == 0 else f'ZeRO-{lay.zero}'} (dp={lay.dp})",
+             step_traffic(dp_name, params, dp=lay.dp, tp=lay.tp, pp=lay.pp, microbatches=lay.microbatches),
+             link(lay.tp * lay.dp))]
+    return [(name, t.per_rank_bytes_sent, lk, t.per_rank_bytes_sent / LINKS[lk]) for name, t, lk in rows]
+
+
+def planner_figure(chosen: Plan, params: int, gpu_memory: int, gpus: int, gpus_per_node: int = 8,
+                   interconnect: str = "infiniband") -> Figure:
+    """Left: the chosen layout's bytes per GPU against the device; right: bytes per step per group and time."""
+    parts = layout_memory(chosen, params)
+    traffic = layout_traffic(chosen, params, gpus, gpus_per_node, interconnect)
+    lay = chosen.layout
+    fig, (mem_ax, net_ax) = plt.subplots(1, 2, figsize=(11.5, 4.2), gridspec_kw={"width_ratios": [1.15, 2], "wspace": 0.5})
+    fig.subplots_adjust(left=0.06, right=0.97, top=0.78, bottom=0.13)
+    top = max(lay.bytes_per_device, gpu_memory) / 1e9 * 1.15
+    bottom = 0.0
+    for key, label, color in (("params", "parameters", PARAMS), ("grads", "gradients", GRADS),
+                              ("optimizer", "optimizer states", OPTIMIZER), ("activations", "activations", ACTIVATIONS),
+                              ("transient", "transient buffers", TRANSIENT)):
+        h = parts[key] / 1e9
+        mem_ax.bar(0, h, 0.6, bottom=bottom, color=color, label=label, edgecolor="white")
+        if h >= 0.06 * top:
+            mem_ax.text(0, bottom + h / 2, f"{h:.1f}", ha="center", va="center", color="white", fontsize=9, fontweight="bold")
+        bottom += h
+    fits = lay.bytes_per_device <= gpu_memory
+    mem_ax.text(0, bottom + top * 0.01, format_bytes(lay.bytes_per_device), ha="center", va="bottom",
+                fontweight="bold", color=FITS if fits else OVER)
+    mem_ax.axhline(gpu_memory / 1e9, color=INK, ls="--", lw=1.3)
+    mem_ax.axhline(USABLE_FRACTION * gpu_memory / 1e9, color=INK, ls=":", lw=1)
+    mem_ax.text(0.42, gpu_memory / 1e9, f"{format_bytes(gpu_memory)} GPU", va="bottom", fontsize=8.5)
+    mem_ax.text(0.42, USABLE_FRACTION * gpu_memory / 1e9, f"{USABLE_FRACTION:.0%} usable", va="top", fontsize=8.5)
+    mem_ax.set_xlim(-0.45, 1.7)
+    mem_ax.set_ylim(0, top)
+    mem_ax.set_xticks([])
+    mem_ax.set_ylabel("GB per GPU")
+    mem_ax.legend(loc="lower right", fontsize=8, frameon=False)  # below the lines: a chosen layout fits
+    clean(mem_ax)
+
+    names = [row[0] for row in traffic]
+    net_ax.barh(range(len(traffic)), [row[1] / 1e9 for row in traffic], 0.6,
+                color=[ACTIVATIONS, ACTIVATIONS, GRADS])
+    largest = max([row[1] for row in traffic] + [1]) / 1e9
+    for y, (_, nbytes, lk, seconds) in enumerate(traffic):
+        text = (f"{format_bytes(nbytes)} over {LINK_NAMES[lk]} ≥ {seconds:.3g} s" if nbytes
+                else "nothing (degree 1)")
+        net_ax.text(nbytes / 1e9 + largest * 0.01, y, text, va="center", fontsize=9)
+    net_ax.set_yticks(range(len(traffic)), names, fontsize=9)
+    net_ax.set_ylim(len(traffic) - 0.5, -0.5)
+    net_ax.set_xlim(0, largest * 1.9)
+    net_ax.set_xlabel("GB sent per step by the busiest rank of each group")
+    net_ax.set_title(f"estimated step {lay.step_time_s:.3g} s, of which communication not hidden "
+                     f"{lay.exposed_comm_s:.3g} s", fontsize=10)
+    clean(net_ax)
+    shape = chosen.shape
+    fig.suptitle(f"{format_count(params)} on {gpus} GPUs → {STRATEGY_NAMES[lay.strategy]}: dp={lay.dp} tp={lay.tp} "
+                 f"pp={lay.pp} ZeRO-{lay.zero}; micro-batch {lay.micro_batch} × {lay.microbatches}, recompute "
+                 f"{lay.recompute}\n(assumed shape: {shape.layers} layers × hidden {shape.hidden}, {shape.heads} heads, "
+                 f"seq {SEQ})", fontsize=10.5)
+    return fig
+
+
+def _draw(v: dict) -> tuple[Figure, str]:
+    params, memory = parse_size(v["params"]), parse_size(v["device"])
+    chosen = plan(params, v["gpus"], memory, v["gpus_per_node"], v["interconnect"])
+    fig = planner_figure(chosen, params, memory, v["gpus"], v["gpus_per_node"], v["interconnect"])
+    lay = chosen.layout
+    return fig, (f"Recommendation: <b>{STRATEGY_NAMES[lay.strategy]}</b> (dp={lay.dp}, tp={lay.tp}, pp={lay.pp}, "
+                 f"ZeRO-{lay.zero}). Why: {chosen.reason}")
+
+
+def planner_widget(params: str = "7.5B", gpus: int = 64) -> WidgetApp:
+    """Model size and hardware → ``partrain-edu plan``'s recommendation, its memory and its traffic."""
+    style = {"description_width": "initial"}
+    controls = {
+        **model_controls(params),
+        "gpus": w.SelectionSlider(options=POWERS_OF_TWO, value=gpus, description="GPUs", continuous_update=False,
+                                  style=style, layout=w.Layout(width="320px")),
+        "gpus_per_node": toggles([1, 2, 4, 8], 8, "GPUs per node", "38px"),
+        "device": toggles(DEVICE_MEMORY, "80 GB", "GPU memory", "74px"),
+        "interconnect": toggles([(LINK_NAMES[k], k) for k in LINKS], "infiniband", "between nodes", "104px"),
+    }
+    rows = [["preset", "params", "gpus"], ["gpus_per_node", "device"], ["interconnect"]]
+    watch = ("params", "gpus", "gpus_per_node", "device", "interconnect")
+    return WidgetApp("planner", controls, [Section("", _draw, watch, rows)], links=link_model_preset)

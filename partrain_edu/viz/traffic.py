@@ -1,0 +1,192 @@
+"""Collective traffic as pictures: a collective step by step (``viz.ring``), and the bytes one training step
+sends under each strategy, with the time they take on NVLink, InfiniBand, 10 GbE and 1 GbE.
+
+    from partrain_edu.viz import traffic_widget
+    traffic_widget()                                        # ring all-reduce over 4 ranks; 7.5B per strategy
+    traffic_widget(measured={"ddp": report["comm"]})        # overlay what a real run sent (CommTracer)
+
+Per-strategy bytes are ``theory.traffic.step_traffic`` (the ``partrain-edu traffic`` command): DDP all-reduces
+the gradients, 2(n−1)/n · 2Ψ bytes ≈ 4Ψ for 16-bit gradients; ZeRO-1 and -2 send the same as a
+reduce-scatter plus an all-gather; ZeRO-3 also all-gathers the parameters again for the backward: 1.5×
+(Rajbhandari et al. 2020, §7); TP all-reduces activations four times per layer (Shoeybi et al. 2019); PP
+sends only boundary activations. A bar's colour says what moves: gradients, parameters or activations. Times
+divide by one link's bandwidth (``theory.traffic.LINKS``): lower bounds, with no latency and no overlap.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ipywidgets as w
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from partrain_edu.theory.planner import assumed_shape
+from partrain_edu.theory.ring_steps import RING_OPS, ring_steps
+from partrain_edu.theory.traffic import LINKS, link_time, step_traffic
+from partrain_edu.units import format_bytes, format_count, parse_size
+from partrain_edu.viz._app import POWERS_OF_TWO, Section, WidgetApp, link_model_preset, model_controls, toggles
+from partrain_edu.viz.palette import ACTIVATIONS, GRADS, INK, PARAMS, clean
+from partrain_edu.viz.ring import OP_NAMES, collective_figure, collective_sentence
+
+ROWS = [("ddp", "DDP"), ("zero1", "ZeRO-1"), ("zero2", "ZeRO-2"), ("zero3", "ZeRO-3"), ("tp", "TP"), ("pp", "PP")]
+LINK_NAMES = {"nvlink": "NVLink", "infiniband": "InfiniBand", "10gbe": "10 GbE", "1gbe": "1 GbE"}
+MOVES = {("all_reduce", False): ("gradients", GRADS), ("reduce_scatter", False): ("gradients", GRADS),
+         ("all_gather", False): ("parameters", PARAMS), ("all_reduce", True): ("activations", ACTIVATIONS),
+         ("send", True): ("activations", ACTIVATIONS)}
+
+
+def strategy_traffic(params: int | str, *, dp: int = 8, tp: int = 8, pp: int = 4, microbatches: int = 1,
+                     layers: int | None = None, hidden: int | None = None, seq: int = 2048, micro_batch: int = 1,
+                     bytes_per_element: int = 2) -> dict:
+    """{strategy: StepTraffic} for the six rows; DDP/ZeRO over dp, TP over tp, PP over pp (one at a time).
+
+    Without ``layers``/``hidden`` the TP and PP rows use the planner's assumed shape of a model this size.
+    """
+    params = parse_size(params) if isinstance(params, (str, float)) else params
+    if layers is None or hidden is None:
+        shape = assumed_shape(params)
+        layers, hidden = shape.layers, shape.hidden
+    shape_kw = dict(layers=layers, hidden=hidden, seq=seq, micro_batch=micro_batch, microbatches=microbatches,
+                    bytes_per_element=bytes_per_element)
+    out = {s: step_traffic(s, params, dp=dp, microbatches=microbatches, bytes_per_element=bytes_per_element)
+           for s in ("ddp", "zero1", "zero2", "zero3")}
+    out["tp"] = step_traffic("tp", tp=tp, **shape_kw)
+    out["pp"] = step_traffic("pp", pp=pp, **shape_kw)
+    return out
+
+
+def strategy_traffic_figure(traffic: dict, *, degrees: dict[str, int] | None = None,
+                            measured: dict[str, dict] | None = None, title: str = "") -> Figure:
+    """Bytes the busiest rank sends per step (bars, coloured by what moves) and the time on each link.
+
+    ``measured``: {strategy: a train report's "comm" dict ({op: {"calls", "bytes"}})} drawn as ◆ on its row.
+    """
+    degrees = degrees or {}
+    fig, (bars, table) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [1.35, 1], "wspace": 0.05})
+    fig.subplots_adjust(left=0.13, right=0.985, top=0.8, bottom=0.14)
+    rows = [(key, label) for key, label in ROWS if key in traffic]
+    largest = max([t.per_rank_bytes_sent for t in traffic.values()]
+                  + [sum(op["bytes"] for op in comm.values()) for comm in (measured or {}).values()] + [1])
+    unit, scale = next((u, f) for u, f in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1)) if largest >= f or f == 1)
+    seen = {}
+    for y, (key, label) in enumerate(rows):
+        left = 0
+        for c in traffic[key].collectives:
+            what, color = MOVES[c.op, key in ("tp", "pp")]
+            bars.barh(y, c.bytes_sent / scale, left=left / scale, color=color, height=0.62, edgecolor="white")
+            seen[what] = color
+            left += c.bytes_sent
+        note = format_bytes(left) if left else "0 B (nothing to send at this degree)"
+        bars.text(left / scale + largest / scale * 0.03, y, note, va="center", fontsize=9, color=INK)
+        if measured and key in measured:
+            got = sum(op["bytes"] for op in measured[key].values())
+            bars.plot([got / scale], [y], "D", color="black", ms=7, zorder=5)
+            same = "= predicted ✓" if got == left else f"vs {format_bytes(left)} predicted"
+            bars.text(got / scale, y - 0.42, f"measured {format_bytes(got)} {same}", fontsize=8, ha="left", va="bottom")
+    bars.set_yticks(range(len(rows)), [f"{label} ({degree_text(key, degrees)})" if degrees else label
+                                        for key, label in rows], fontsize=9)
+    bars.set_ylim(len(rows) - 0.5, -0.6)
+    bars.set_xlim(0, largest / scale * 1.45)
+    bars.set_xlabel(f"{unit} sent per step by the busiest rank")
+    bars.legend(handles=[Patch(color=c, label=f"{what}") for what, c in seen.items()], loc="lower right",
+                fontsize=8, frameon=False, title="what moves", title_fontsize=8)
+    clean(bars)
+
+    # time on each link, coloured from green (hidden easily) to red (dominates the step), log scale
+    cmap = plt.get_cmap("RdYlGn_r")
+    for y, (key, _) in enumerate(rows):
+        for x, link in enumerate(LINKS):
+            seconds = link_time(traffic[key].per_rank_bytes_sent, link)
+            shade = 0.0 if seconds <= 0 else min(1.0, max(0.0, (math.log10(seconds) + 3) / 5))  # 1 ms … 100 s
+            table.add_patch(plt.Rectangle((x - 0.48, y - 0.4), 0.96, 0.8, color=cmap(shade), alpha=0.75 if seconds else 0.15))
+            table.text(x, y, _seconds(seconds), ha="center", va="center", fontsize=9)
+    table.set_xlim(-0.5, len(LINKS) - 0.5)
+    table.set_ylim(len(rows) - 0.5, -0.6)
+    table.set_xticks(range(len(LINKS)), [f"{LINK_NAMES[k]}\n{LINKS[k] / 1e9:g} GB/s" for k in LINKS], fontsize=9)
+    table.xaxis.tick_top()
+    table.set_yticks([])
+    clean(table, keep=())
+    table.tick_params(length=0)
+    table.set_xlabel("time on one link (bandwidth only: a lower bound)", fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def degree_text(key: str, degrees: dict[str, int]) -> str:
+    axis = {"tp": "tp", "pp": "pp"}.get(key, "dp")
+    return f"{axis}={degrees.get(axis, 1)}"
+
+
+def _seconds(s: float) -> str:
+    if s == 0:
+        return "—"
+    return f"{s * 1e6:.3g} µs" if s < 1e-3 else f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.3g} s"
+
+
+def _draw_collective(v: dict) -> tuple[Figure, str]:
+    size = parse_size(v["size"])
+    fig = collective_figure(v["op"], v["ranks"], v["step"], size)
+    return fig, collective_sentence(v["op"], v["ranks"], v["step"], size)
+
+
+def _strategy_drawer(measured: dict | None):
+    def draw(v: dict) -> tuple[Figure, str]:
+        params = parse_size(v["params"])
+        kw = dict(dp=v["dp"], tp=v["tp"], pp=v["pp"], microbatches=v["microbatches"])
+        traffic = strategy_traffic(params, bytes_per_element=v["element"], **kw)
+        shape = assumed_shape(params)
+        title = (f"{format_count(params)} parameters ({8 * v['element']}-bit), {v['microbatches']} micro-batch(es) "
+                 "per step; TP/PP: "
+                 f"{shape.layers} layers × hidden {shape.hidden}, seq 2048, micro-batch 1")
+        fig = strategy_traffic_figure(traffic, degrees=kw, measured=measured, title=title)
+        ratio = traffic["zero3"].per_rank_bytes_sent / max(traffic["ddp"].per_rank_bytes_sent, 1)
+        sentence = (f"DDP sends {format_bytes(traffic['ddp'].per_rank_bytes_sent)} per step; ZeRO-3 "
+                    f"{ratio:.2g}× that" + (" (1.5× at one micro-batch: the extra all-gather)" if v["microbatches"] == 1 else "")
+                    + f". On 1 GbE the DDP all-reduce alone takes {_seconds(link_time(traffic['ddp'].per_rank_bytes_sent, '1gbe'))}.")
+        return fig, sentence
+    return draw
+
+
+def traffic_widget(op: str = "all_reduce", ranks: int = 4, params: str = "7.5B", dp: int = 8,
+                   bytes_per_element: int = 2, measured: dict[str, dict] | None = None) -> WidgetApp:
+    """A collective step by step, and bytes per strategy per step; ``measured``: {strategy: report["comm"]}."""
+    style = {"description_width": "initial"}
+    n_steps = len(ring_steps(op, ranks))
+    controls = {
+        "op": toggles([(OP_NAMES[o], o) for o in RING_OPS], op, "collective", "120px"),
+        "ranks": w.IntSlider(ranks, min=2, max=16, description="ranks n", continuous_update=False, style=style),
+        "size": w.Text("1GB", description="message S", continuous_update=False, style=style,
+                       layout=w.Layout(width="170px")),
+        "play": w.Play(value=0, min=0, max=n_steps, interval=1200, description="play"),
+        "step": w.IntSlider(0, min=0, max=n_steps, description="step", continuous_update=False, style=style),
+        **model_controls(params),
+        "dp": w.SelectionSlider(options=POWERS_OF_TWO, value=dp, description="dp", continuous_update=False, style=style),
+        "tp": toggles([1, 2, 4, 8], 8, "tp", "38px"),
+        "pp": toggles([1, 2, 4, 8, 16], 4, "pp", "38px"),
+        "microbatches": w.Dropdown(options=[1, 2, 4, 8, 16, 32], value=1, description="micro-batches",
+                                   style=style, layout=w.Layout(width="170px")),
+        "element": toggles([("16-bit", 2), ("fp32", 4)], bytes_per_element, "gradients in", "66px"),
+    }
+    w.jslink((controls["play"], "value"), (controls["step"], "value"))
+
+    def links(app: WidgetApp) -> None:
+        link_model_preset(app)
+
+        def resize(_):  # a new collective or ring size restarts the stepping at 0
+            total = len(ring_steps(app.controls["op"].value, app.controls["ranks"].value))
+            with app.batch():
+                for name in ("step", "play"):
+                    app.controls[name].value = 0
+                    app.controls[name].max = total
+        app.controls["op"].observe(resize, names="value")
+        app.controls["ranks"].observe(resize, names="value")
+
+    sections = [Section("One collective, step by step", _draw_collective, ("op", "ranks", "size", "step"),
+                        [["op"], ["ranks", "size", "play", "step"]]),
+                Section("One training step, per strategy", _strategy_drawer(measured),
+                        ("params", "dp", "tp", "pp", "microbatches", "element"),
+                        [["preset", "params", "microbatches", "element"], ["dp", "tp", "pp"]])]
+    return WidgetApp("traffic", controls, sections, links=links)
