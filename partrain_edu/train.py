@@ -38,7 +38,7 @@ from partrain_edu.models import GPTConfig, TinyGPT
 
 LEARNING_RATE = 3e-3
 # Modules whose import registers strategies (each later chapter appends its own).
-STRATEGY_MODULES = ["partrain_edu.parallel.torch_native"]
+STRATEGY_MODULES = ["partrain_edu.parallel.torch_native", "partrain_edu.parallel.ddp", "partrain_edu.parallel.naive_dp", "partrain_edu.parallel.tensor", "partrain_edu.parallel.sequence", "partrain_edu.parallel.torch_tp", "partrain_edu.parallel.pipeline", "partrain_edu.parallel.torch_pp"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,9 @@ class Strategy:
     """One way to train TinyGPT. Subclasses set `self.model` / `self.optimizer` and implement `train_step`."""
 
     name: ClassVar[str]
+    # True for a strategy that runs all its workers inside one process (naive-dp's threads): `launch` runs it
+    # in place in a world of one, whatever --nproc says, and --nproc is its number of workers.
+    in_process: ClassVar[bool] = False
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
 
@@ -189,7 +192,8 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
 def run(ctx: runtime.ParallelContext, cfg: TrainConfig,
         on_step: Callable[[int, float], None] | None = None) -> dict:
     """Train `cfg.steps` steps with `cfg.strategy` on this rank; every rank returns the same report."""
-    if ctx.world_size != cfg.nproc:
+    processes = 1 if get_strategy(cfg.strategy).in_process else cfg.nproc
+    if ctx.world_size != processes:
         raise ValueError(f"--nproc {cfg.nproc} does not match the {ctx.world_size} ranks torchrun started")
     strategy = get_strategy(cfg.strategy)(ctx, cfg)
     data = SyntheticTokens(cfg.model.vocab_size, cfg.model.seq_len, seed=cfg.seed)
@@ -232,7 +236,7 @@ def launch(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None
     world of one; more run under torchrun (`partrain_edu.launch.torchrun`), their report published by rank 0.
     `on_step(step, loss)` follows progress; `echo(rank, line)` receives the ranks' other output."""
     get_strategy(cfg.strategy).layout(cfg)  # every size check before a process starts
-    if cfg.nproc == 1:
+    if cfg.nproc == 1 or get_strategy(cfg.strategy).in_process:
         torch.set_num_threads(1)  # as under torchrun (OMP_NUM_THREADS=1): the same numbers either way
         ctx = runtime.init()
         runtime.seed_everything(cfg.seed)

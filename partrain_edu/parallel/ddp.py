@@ -1,0 +1,169 @@
+"""DDP from scratch: full replicas, gradients averaged by a bucketed all-reduce that overlaps backward.
+
+    partrain-edu train --strategy ddp --nproc 4 --steps 20 --json
+    partrain-edu train --strategy ddp-naive --nproc 4 --steps 20 --json     (per parameter, after backward)
+
+Sharded: nothing (数据并行 / 全量副本) — every rank holds the whole model, its gradients and AdamW states;
+only the batch is split: global batch = per-rank batch × ranks.
+Communicated: at start, rank 0's parameters are broadcast (every replica starts equal). Every step, one
+all-reduce of every gradient, averaged by the world size, so each replica takes the same step as one process
+on the whole batch (the source notes' equation):
+
+    θ(t+1) = θ(t) − η · (1/N) Σᵢ ∇L(xᵢ, yᵢ; θ(t))
+
+Ring all-reduce: each rank sends 2(n−1)/n · Ψ · 4 bytes per step (fp32) — `theory.traffic` for `ddp`.
+
+How (Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating Data Parallel Training", §3.2):
+gradients are grouped into buckets in reverse registration order (`buckets.plan_buckets`); a
+post-accumulate-grad hook launches an async all-reduce as soon as a bucket is full, so communication overlaps
+the rest of backward; the end of backward waits for all of them. `no_sync()` skips communication while
+micro-batches accumulate gradients; a parameter that gets no gradient on a rank contributes zeros, and with
+`find_unused_parameters=True` one more all-reduce of a used-flag per parameter finds those no rank used, whose
+gradient stays None, exactly as in one process. Every bucket's all-reduce start and finish, relative to the
+start of backward, is kept in `timeline` for the overlap picture.
+
+`ddp-naive` is the textbook version beside it: after backward has ended, one blocking all-reduce per
+parameter — the same bytes, many more calls, no overlap.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from partrain_edu.parallel.buckets import Bucket, GradBucketHooks, plan_buckets
+from partrain_edu.train import Strategy, data_parallel_batch, register
+
+# PyTorch DDP's default cap (`bucket_cap_mb=25`): `ddp` and `torch-ddp` run alike. TinyGPT's 0.87 MB of fp32
+# gradients then fit in ONE bucket — nothing to overlap; pass a smaller cap (notebook 02 uses 256 KiB) to
+# see buckets leave while backward goes on.
+DEFAULT_BUCKET_CAP_BYTES = 25 * 1024 * 1024
+
+
+def broadcast_parameters(module: nn.Module, group=None) -> None:
+    """Copy group rank 0's parameters and buffers to every rank: all replicas start from the same point."""
+    pg = group if group is not None else dist.group.WORLD
+    src = dist.get_global_rank(pg, 0)
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor, src=src, group=group)
+
+
+class DistributedDataParallel(nn.Module):
+    """Wrap `module`: forward is the module's; backward also averages the gradients over `group`."""
+
+    def __init__(self, module: nn.Module, group=None, bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES,
+                 find_unused_parameters: bool = False):
+        super().__init__()
+        self.module, self.group = module, group
+        self.world_size = dist.get_world_size(group)
+        self.find_unused_parameters = find_unused_parameters
+        broadcast_parameters(module, group)
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.buckets = plan_buckets(self.params, bucket_cap_bytes)
+        self.hooks = GradBucketHooks(self.buckets, launch=self._launch, finish=self._finish)
+        self._pending: list[tuple[Bucket, torch.futures.Future]] = []
+        self._step: dict = {}
+        self.timeline: list[dict] = []   # one entry per synchronised backward (see `_finish`)
+
+    def forward(self, *args, **kwargs):
+        out = self.module(*args, **kwargs)
+        if self.hooks.enabled and isinstance(out, torch.Tensor) and out.requires_grad:
+            # The output's gradient is the first thing backward computes (after the loss): mark the start.
+            out.register_hook(self._backward_started)
+        return out
+
+    def _backward_started(self, grad: torch.Tensor) -> None:
+        self._step = {"backward_start": time.perf_counter(), "buckets": []}
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Accumulate gradients locally (no communication) for the backwards run inside."""
+        self.hooks.enabled = False
+        try:
+            yield
+        finally:
+            self.hooks.enabled = True
+
+    def _launch(self, bucket: Bucket) -> None:
+        """A full bucket: average its gradients over the ranks without waiting (backward goes on)."""
+        flat = bucket.pack()                 # (bucket numel,) this rank's gradients
+        flat.div_(self.world_size)           # divide first, as PyTorch does: the sum cannot overflow fp16
+        record = {"bucket": bucket.index, "bytes": bucket.nbytes, "params": len(bucket.params),
+                  "launched": time.perf_counter()}
+        self._step.setdefault("buckets", []).append(record)
+        work = dist.all_reduce(flat, group=self.group, async_op=True)   # through dist: CommTracer sees it
+        # Runs when the all-reduce has completed (on Gloo's thread): the finish time of the overlap picture.
+        done = work.get_future().then(lambda fut: record.update(finished=time.perf_counter()))
+        self._pending.append((bucket, done))
+
+    def _finish(self) -> None:
+        """End of backward: wait for every bucket, write the averaged gradients back."""
+        compute_end = time.perf_counter()
+        used = torch.tensor([p.grad is not None for p in self.params], dtype=torch.int32,
+                            device=self.params[0].device)       # NCCL reduces only tensors on the GPU
+        for bucket, done in self._pending:
+            done.wait()
+            bucket.unpack()
+        self._pending = []
+        if self.find_unused_parameters:
+            dist.all_reduce(used, group=self.group)          # how many ranks gave each parameter a gradient
+            for p, count in zip(self.params, used.tolist()):
+                if count == 0:
+                    p.grad = None                            # no rank used it: as in one process, no gradient
+        step, self._step = self._step, {}
+        start = step.get("backward_start", compute_end)
+        self.timeline.append({
+            "compute_end": compute_end - start, "synced": time.perf_counter() - start,
+            "buckets": [{**b, "launched": b["launched"] - start, "finished": b["finished"] - start}
+                        for b in step.get("buckets", [])]})
+
+
+def allreduce_per_parameter(params: Iterable[nn.Parameter], group=None) -> None:
+    """The naive synchronisation: after backward, one blocking all-reduce per gradient, then average."""
+    world_size = dist.get_world_size(group)
+    for p in params:
+        if p.grad is not None:
+            dist.all_reduce(p.grad, group=group)
+            p.grad.div_(world_size)
+
+
+class _ReplicatedDataParallel(Strategy):
+    """A full replica per rank, this rank's slice of the batch; subclasses decide how gradients meet."""
+
+    def sync_after_backward(self) -> None:
+        """Called once the step's backward passes are done (the naive variant communicates here)."""
+
+    def train_step(self, x, y):
+        x, y = data_parallel_batch(self, x, y)  # (B/dp, T) each
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum, count = self.accumulate(self.model, x, y, no_sync=getattr(self.model, "no_sync", None))
+        self.sync_after_backward()
+        self.optimizer.step()
+        return loss_sum, count
+
+
+@register("ddp")
+class DDP(_ReplicatedDataParallel):
+    def __init__(self, ctx, cfg, bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES,
+                 find_unused_parameters: bool = False):
+        super().__init__(ctx, cfg)
+        self.model = DistributedDataParallel(self.new_model(), bucket_cap_bytes=bucket_cap_bytes,
+                                             find_unused_parameters=find_unused_parameters)
+        self.optimizer = self.new_optimizer(self.model.parameters())
+
+
+@register("ddp-naive")
+class NaiveDDP(_ReplicatedDataParallel):
+    def __init__(self, ctx, cfg):
+        super().__init__(ctx, cfg)
+        self.model = self.new_model()
+        broadcast_parameters(self.model)
+        self.optimizer = self.new_optimizer(self.model.parameters())
+
+    def sync_after_backward(self) -> None:
+        allreduce_per_parameter(self.model.parameters())
