@@ -38,7 +38,20 @@ from partrain_edu.models import GPTConfig, TinyGPT
 
 LEARNING_RATE = 3e-3
 # Modules whose import registers strategies (each later chapter appends its own).
-STRATEGY_MODULES = ["partrain_edu.parallel.torch_native", "partrain_edu.parallel.ddp", "partrain_edu.parallel.naive_dp", "partrain_edu.parallel.tensor", "partrain_edu.parallel.sequence", "partrain_edu.parallel.torch_tp", "partrain_edu.parallel.pipeline", "partrain_edu.parallel.torch_pp"]
+STRATEGY_MODULES = [
+    "partrain_edu.parallel.torch_native",
+    "partrain_edu.parallel.ddp",
+    "partrain_edu.parallel.naive_dp",
+    "partrain_edu.parallel.tensor",
+    "partrain_edu.parallel.sequence",
+    "partrain_edu.parallel.torch_tp",
+    "partrain_edu.parallel.pipeline",
+    "partrain_edu.parallel.torch_pp",
+    "partrain_edu.parallel.zero",
+    "partrain_edu.parallel.fsdp",
+    "partrain_edu.parallel.torch_fsdp",
+    "partrain_edu.parallel.hybrid",
+]
 
 
 @dataclass(frozen=True)

@@ -94,8 +94,9 @@ class PipelineExecutor:
     """Runs one rank's action list of a `Schedule`, with real sends/receives; records what ran when."""
 
     def __init__(self, schedule: Schedule, chunks: list[StageModule], stage: int, ranks: list[int],
-                 mailbox: Mailbox):
+                 mailbox: Mailbox, loss_fn=TinyGPT.loss):
         self.schedule, self.chunks, self.stage, self.ranks, self.mail = schedule, chunks, stage, ranks, mailbox
+        self.loss_fn = loss_fn  # (last stage's output, targets) → mean loss; hybrid.py passes the vocab-parallel one
         self.p, self.last_virtual = schedule.stages, schedule.stages * schedule.chunks - 1
         self.events: list[dict] = []       # this rank's last step, perf_counter seconds
         self.peak = 0                      # most (micro-batch, chunk) activations stashed at once, last step
@@ -121,7 +122,7 @@ class PipelineExecutor:
                 out = self.chunks[a.chunk](inp)
                 if v == self.last_virtual:
                     yb = micro[a.microbatch][1]
-                    loss = TinyGPT.loss(out, yb)
+                    loss = self.loss_fn(out, yb)
                     loss_sum += loss.item() * yb.size(0)
                     out = loss / m                   # backward from the scaled loss, as `accumulate`
                 end = time.perf_counter()            # before the send: the receiver cannot start earlier

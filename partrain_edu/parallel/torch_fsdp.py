@@ -1,0 +1,53 @@
+"""torch-fsdp: PyTorch's own ZeRO-3, FSDP2 (`torch.distributed.fsdp.fully_shard`), beside our `zero3`.
+
+    partrain-edu train --strategy torch-fsdp --nproc 2 --steps 20 --json
+
+Zhao et al. 2023, "PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel". The same units as
+`fsdp.py`: `fully_shard` on each transformer block, then on the whole model (the root: embeddings, final
+layernorm, head). FSDP2 turns every parameter into a DTensor sharded on dim 0 over a 1-D `DeviceMesh`
+(`init_device_mesh("cpu", (n,))` runs on Gloo); AdamW then updates the local shards.
+
+Sharded: params, grads and AdamW states, each ≈ 1/n per rank (FSDP2 pads each parameter's dim 0 to a multiple
+of n, where ours pads each unit's flat buffer). Communicated per unit and micro-batch: all-gather before
+forward, all-gather before backward, reduce-scatter of the gradients after backward — 1.5× DDP's bytes.
+
+What `comm` reports: FSDP2 issues its collectives from Python through `torch.distributed.all_gather_single`
+and `torch.distributed.reduce_scatter_single` (its `DefaultAllGather` / `DefaultReduceScatter`), so
+`CommTracer` counts them itself, priced by the ring model — the same op names as our `zero3`. No
+`comm_adapters.FunctionalCollectiveCounter` is needed: wrapped around this loop it finds no functional
+collective, and as a dispatch mode it would slow every op ~4× (it would distort the benchmark
+`benchmarks/zero3_vs_fsdp.py`). One difference in bytes: FSDP2 keeps the root
+unit gathered from the end of forward into backward (it is needed first there), so it all-gathers the root
+once per step, not twice: slightly under 1.5× DDP.
+"""
+from __future__ import annotations
+
+import warnings
+
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from partrain_edu.train import Strategy, data_parallel_batch, register
+
+
+@register("torch-fsdp")
+class TorchFSDP(Strategy):
+    def __init__(self, ctx, cfg):
+        super().__init__(ctx, cfg)
+        # Two warnings FSDP2 raises on every step that do not apply here: the loop never modifies the output
+        # in place, and token ids (the input) never require gradients.
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+        warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
+        mesh = init_device_mesh(ctx.device.type, (self.dp,))
+        model = self.new_model()                     # the same init on every rank: nothing to broadcast
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)            # one unit per block
+        self.model = fully_shard(model, mesh=mesh)   # the root unit: everything else
+        self.optimizer = self.new_optimizer(self.model.parameters())
+
+    def train_step(self, x, y):
+        x, y = data_parallel_batch(self, x, y)       # (B/dp, T) each
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum, count = self.accumulate(self.model, x, y)
+        self.optimizer.step()
+        return loss_sum, count
