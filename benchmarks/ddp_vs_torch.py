@@ -23,7 +23,7 @@ SCRIPT = r"""
 import sys, time, statistics
 import torch, torch.distributed as dist
 from partrain_edu import runtime
-from partrain_edu.data import SyntheticTokens
+from partrain_edu.benchmarking import alternate_steps, slowest
 from torch.nn.parallel import DistributedDataParallel
 from partrain_edu.comm_adapters import traced_allreduce_hook
 from partrain_edu.parallel.ddp import DDP
@@ -41,23 +41,8 @@ small = contenders["torch-ddp 256k"]                 # the same strategy, with t
 small.model = DistributedDataParallel(small.new_model(), bucket_cap_mb=0.25)
 small.model.register_comm_hook(state=None, hook=traced_allreduce_hook)
 small.optimizer = small.new_optimizer(small.model.parameters())
-data = SyntheticTokens()
 
-def slowest(seconds):
-    t = torch.tensor([seconds], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t)
-
-times = {name: [] for name in contenders}
-for step in range(warmup + steps):
-    x, y = data.global_batch(step, cfg.global_batch)
-    for name, strategy in contenders.items():
-        dist.barrier()
-        start = time.perf_counter()
-        strategy.train_step(x, y)
-        elapsed = slowest(time.perf_counter() - start)
-        if step >= warmup:
-            times[name].append(elapsed)
+times = alternate_steps(contenders, steps, warmup, cfg.global_batch)["times"]
 
 collectives = {}
 for numel in (16 * 1024, 256 * 1024, 4 * 1024 * 1024):

@@ -22,7 +22,7 @@ SCRIPT = r"""
 import sys, time
 import torch, torch.distributed as dist
 from partrain_edu import runtime
-from partrain_edu.data import SyntheticTokens
+from partrain_edu.benchmarking import alternate_steps
 from partrain_edu.train import TrainConfig, get_strategy
 
 steps, warmup, m = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
@@ -30,22 +30,8 @@ ctx = runtime.init()
 runtime.seed_everything(0)
 built = {name: get_strategy(name)(ctx, TrainConfig(strategy=name, nproc=ctx.world_size, microbatches=m))
          for name in ("pp-1f1b", "torch-pp")}
-data = SyntheticTokens(128, 32, seed=0)
-times = {name: [] for name in built}
-losses = {name: [] for name in built}
-for step in range(warmup + steps):
-    x, y = data.global_batch(step, 16)
-    for name, strategy in built.items():
-        dist.barrier()
-        start = time.perf_counter()
-        loss_sum, count = strategy.train_step(x, y)
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        totals = torch.tensor([loss_sum, float(count)], dtype=torch.float64)
-        dist.all_reduce(totals)
-        if step >= warmup:
-            times[name].append(float(elapsed))
-        losses[name].append(float(totals[0] / totals[1]))
+measured = alternate_steps(built, steps, warmup)
+times, losses = measured["times"], measured["losses"]
 runtime.publish("times", times)
 runtime.publish("losses", losses)
 runtime.shutdown()

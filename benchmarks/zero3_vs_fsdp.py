@@ -18,7 +18,7 @@ SCRIPT = r"""
 import sys, time, statistics
 import torch, torch.distributed as dist
 from partrain_edu import runtime
-from partrain_edu.data import SyntheticTokens
+from partrain_edu.benchmarking import alternate_steps
 from partrain_edu.parallel.fsdp import Zero3
 from partrain_edu.train import TrainConfig, get_strategy
 
@@ -27,23 +27,8 @@ steps, warmup = int(sys.argv[1]), 3
 cfg = TrainConfig(strategy="zero3", nproc=ctx.world_size, steps=steps)
 contenders = {"zero3": Zero3(ctx, cfg), "zero3 prefetch": Zero3(ctx, cfg, prefetch=True),
               "torch-fsdp": get_strategy("torch-fsdp")(ctx, cfg), "ddp": get_strategy("ddp")(ctx, cfg)}
-data = SyntheticTokens()
 
-def slowest(seconds):
-    t = torch.tensor([seconds], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t)
-
-times = {name: [] for name in contenders}
-for step in range(warmup + steps):
-    x, y = data.global_batch(step, cfg.global_batch)
-    for name, strategy in contenders.items():
-        dist.barrier()
-        start = time.perf_counter()
-        strategy.train_step(x, y)
-        elapsed = slowest(time.perf_counter() - start)
-        if step >= warmup:
-            times[name].append(elapsed)
+times = alternate_steps(contenders, steps, warmup, cfg.global_batch)["times"]
 runtime.publish("result", {name: statistics.median(v) for name, v in times.items()})
 """
 

@@ -106,8 +106,16 @@ class Strategy:
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
         """Take one optimizer step on the global batch (x, y). Return (sum of per-sample losses this rank
-        accounts for, number of those samples); the loop sums both over ranks to get the global mean."""
-        raise NotImplementedError
+        accounts for, number of those samples); the loop sums both over ranks to get the global mean.
+
+        The default is the data-parallel step: this rank's slice of the batch, micro-batches accumulated
+        (without communication until the last one when the model has DDP's `no_sync`), one optimizer step.
+        Strategies whose communication lives in the model (DDP hooks, FSDP units) need nothing more."""
+        x, y = data_parallel_batch(self, x, y)  # (B/dp, T) each
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum, count = self.accumulate(self.model, x, y, no_sync=getattr(self.model, "no_sync", None))
+        self.optimizer.step()
+        return loss_sum, count
 
     def state_tensors(self) -> dict[str, Iterable[torch.Tensor]]:
         """The tensors that make up this rank's model states (strategies that shard them override this)."""
@@ -177,12 +185,6 @@ class Single(Strategy):
         super().__init__(ctx, cfg)
         self.model = self.new_model()
         self.optimizer = self.new_optimizer(self.model.parameters())
-
-    def train_step(self, x, y):
-        self.optimizer.zero_grad(set_to_none=True)
-        loss_sum, count = self.accumulate(self.model, x, y)
-        self.optimizer.step()
-        return loss_sum, count
 
 
 def data_parallel_batch(strategy: Strategy, x: torch.Tensor, y: torch.Tensor):

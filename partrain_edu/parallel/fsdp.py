@@ -34,12 +34,11 @@ from __future__ import annotations
 import time
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from partrain_edu.parallel.ddp import broadcast_parameters
 from partrain_edu.parallel.zero import FlatShard, optimizer_state_tensors
-from partrain_edu.train import Strategy, data_parallel_batch, register
+from partrain_edu.train import Strategy, register
 
 
 class _Gather(torch.autograd.Function):
@@ -188,13 +187,6 @@ class Zero3(Strategy):
         super().__init__(ctx, cfg)
         self.model = ShardedModel(self.new_model(), group, prefetch=prefetch)
         self.optimizer = self.new_optimizer(self.model.parameters())
-
-    def train_step(self, x, y):
-        x, y = data_parallel_batch(self, x, y)           # (B/dp, T) each
-        self.optimizer.zero_grad(set_to_none=True)
-        loss_sum, count = self.accumulate(self.model, x, y)
-        self.optimizer.step()
-        return loss_sum, count
 
     def state_tensors(self):
         shards = list(self.model.shards)

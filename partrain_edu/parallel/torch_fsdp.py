@@ -27,7 +27,7 @@ import warnings
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from partrain_edu.train import Strategy, data_parallel_batch, register
+from partrain_edu.train import Strategy, register
 
 
 @register("torch-fsdp")
@@ -44,10 +44,3 @@ class TorchFSDP(Strategy):
             fully_shard(block, mesh=mesh)            # one unit per block
         self.model = fully_shard(model, mesh=mesh)   # the root unit: everything else
         self.optimizer = self.new_optimizer(self.model.parameters())
-
-    def train_step(self, x, y):
-        x, y = data_parallel_batch(self, x, y)       # (B/dp, T) each
-        self.optimizer.zero_grad(set_to_none=True)
-        loss_sum, count = self.accumulate(self.model, x, y)
-        self.optimizer.step()
-        return loss_sum, count

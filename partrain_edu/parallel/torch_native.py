@@ -16,7 +16,7 @@ from __future__ import annotations
 from torch.nn.parallel import DistributedDataParallel
 
 from partrain_edu.comm_adapters import traced_allreduce_hook
-from partrain_edu.train import Strategy, data_parallel_batch, register
+from partrain_edu.train import Strategy, register
 
 
 @register("torch-ddp")
@@ -28,10 +28,3 @@ class TorchDDP(Strategy):
         self.model = DistributedDataParallel(self.new_model(), device_ids=device_ids)
         self.model.register_comm_hook(state=None, hook=traced_allreduce_hook)
         self.optimizer = self.new_optimizer(self.model.parameters())
-
-    def train_step(self, x, y):
-        x, y = data_parallel_batch(self, x, y)  # (B/dp, T) each
-        self.optimizer.zero_grad(set_to_none=True)
-        loss_sum, count = self.accumulate(self.model, x, y, no_sync=self.model.no_sync)
-        self.optimizer.step()
-        return loss_sum, count
