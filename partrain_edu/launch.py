@@ -229,21 +229,23 @@ def _alive(pid: int) -> bool:
 def _failure(run: _Run, returncode: int) -> TorchrunError:
     """Name the rank whose failure caused the others', show its traceback, and list the ranks left stuck."""
     errors = {e["rank"]: e for e in (json.loads(p.read_text()) for p in run.run_dir.glob("rank*.error"))}
-    root_rank, root_code = _torchrun_root_cause("\n".join(run.launcher))
+    exit_codes = _torchrun_exit_codes("\n".join(run.launcher))
     outputs = run.texts()
     # A rank killed by a signal (OOM killer, segfault, kill -9) writes no error; the others then fail only
-    # because it vanished ("connection closed by peer"), so it is the cause. SIGTERM is torchrun's own
-    # clean-up of the survivors, never a cause while some rank raised.
-    killed = root_code is not None and root_code < 0 and root_rank not in errors
-    if killed and not (root_code == -signal.SIGTERM and errors):
-        name = signal.Signals(-root_code).name if -root_code in signal.valid_signals() else str(-root_code)
-        last = outputs.get(root_rank, "").strip().splitlines()[-5:]
+    # because it vanished ("connection closed by peer"), so it is the cause, whichever failure torchrun saw
+    # first. SIGTERM is torchrun's own clean-up of the survivors, a cause only when nobody raised.
+    killed = [(rank, code) for rank, code in exit_codes.items() if code < 0 and rank not in errors
+              and not (code == -signal.SIGTERM and errors)]
+    if killed:
+        rank, code = min(killed)
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+        last = outputs.get(rank, "").strip().splitlines()[-5:]
         tail = ("\nits last lines:\n" + "\n".join(last)) if last else ""
-        return TorchrunError(f"rank {root_rank} was killed by signal {name} before raising a Python error; "
-                             f"the other ranks were stopped{tail}", root_rank, "", outputs)
+        return TorchrunError(f"rank {rank} was killed by signal {name} before raising a Python error; "
+                             f"the other ranks were stopped{tail}", rank, "", outputs)
     if not errors:
         return TorchrunError(f"torchrun exited with code {returncode} and no rank reported an error:\n"
-                             + "\n".join(run.launcher[-20:]), root_rank, "", outputs)
+                             + "\n".join(run.launcher[-20:]), min(exit_codes, default=None), "", outputs)
     first = min(errors.values(), key=lambda e: e["time"])
     others = sorted(r for r in errors if r != first["rank"])
     also = f" (then rank(s) {others} failed too)" if others else ""
@@ -254,12 +256,11 @@ def _failure(run: _Run, returncode: int) -> TorchrunError:
     return TorchrunError(message, first["rank"], first["traceback"], outputs, first["timed_out"])
 
 
-def _torchrun_root_cause(report: str) -> tuple[int | None, int | None]:
-    """(rank, exit code) from the 'Root Cause' block of torchrun's ChildFailedError report, if any."""
-    block = report.split("Root Cause", 1)[-1] if "Root Cause" in report else report
-    rank = re.search(r"rank\s*:\s*(\d+)", block)
-    code = re.search(r"exitcode\s*:\s*(-?\d+)", block)
-    return (int(rank.group(1)) if rank else None), (int(code.group(1)) if code else None)
+def _torchrun_exit_codes(report: str) -> dict[int, int]:
+    """{rank: exit code} of every failed rank in torchrun's ChildFailedError report ("rank : 1 ..." then
+    "exitcode : -9 ..." in each block)."""
+    blocks = re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", report)
+    return {int(rank): int(code) for rank, code in blocks}
 
 
 def _stuck_ranks(run: _Run) -> list[int]:

@@ -147,3 +147,19 @@ def test_backend_option_reaches_the_ranks_and_one_rank_works():
     code = "from partrain_edu import runtime\nctx = runtime.init()\nruntime.publish('backend', ctx.backend)\n"
     result = torchrun(code, nproc=1, backend="gloo", echo=None)
     assert result.published == {"backend": "gloo"} and set(result.outputs) == set()
+
+
+def test_torchrun_report_parsing_finds_every_failed_rank():
+    from partrain_edu.launch import _torchrun_exit_codes
+
+    report = """Failures:
+[1]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 3207)
+------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 3208)  (SIGKILL)
+"""
+    assert _torchrun_exit_codes(report) == {0: 1, 1: -9}
