@@ -10,7 +10,7 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 # nbval compares every cell's saved output; timings and addresses are masked by the sanitize file.
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: install lab test notebooks clean browser
+.PHONY: install lab test notebooks exercises clean browser
 
 install: $(STAMP)
 
@@ -38,6 +38,10 @@ browser:
 # Re-execute every notebook in place (they are committed with outputs; nbval compares them in `make test`).
 notebooks: install
 	$(BIN)/jupyter nbconvert --to notebook --execute --inplace notebooks/*.ipynb
+
+# Regenerate exercises/ from solutions/ (answers stripped); a test fails when they are out of date.
+exercises: install
+	$(BIN)/python -m partrain_edu.grading.make_exercises
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -12,6 +12,9 @@ import argparse
 import json
 import sys
 
+from partrain_edu.grading.cli import add_subcommands as add_grading_subcommands
+from partrain_edu.theory.cli import add_subcommands as add_theory_subcommands
+
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -86,12 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_train.add_argument("--timeout", type=float, default=None, help="seconds before every rank is killed")
     p_train.add_argument("--json", action="store_true", help="print one JSON object")
     p_train.set_defaults(func=cmd_train)
-    try:
-        from partrain_edu.theory.cli import add_subcommands
-    except ImportError:
-        pass
-    else:
-        add_subcommands(sub)
+    add_theory_subcommands(sub)   # memory, traffic, pipeline, plan
+    add_grading_subcommands(sub)  # check
     return parser
 
 

@@ -1,0 +1,14 @@
+"""Autograded exercise checks: `check(name, *your_functions)` grades a learner's answer against a reference.
+
+    from partrain_edu.grading import check
+    check("ring_all_reduce", ring_all_reduce)     # runs it on 3 ranks, compares with dist.all_reduce
+
+A check grades values *and* the resource the lesson is about (bytes sent, bytes held, bubble, activations).
+It prints one line on a pass and raises AssertionError on a failure (so nbval and pytest see it) with which
+rank, what differed (expected vs got, shapes) and a hint. Multi-rank checks run the learner's function source
+on N ranks through `partrain_edu.launch.torchrun` with a timeout: a deadlock ends in a message, never a hang.
+`partrain-edu check PATH` runs whole notebooks and collects every check (see `notebook.py`).
+"""
+from partrain_edu.grading.core import CHECKS, CheckResult, check, check_names, run_check
+
+__all__ = ["CHECKS", "CheckResult", "check", "check_names", "run_check"]

@@ -1,0 +1,211 @@
+"""The check registry, the in-process / on-N-ranks runner, and the pass/fail report.
+
+A check is registered with `@register(name, nproc=N)`. In-process checks (nproc 0) are called with the
+learner's objects and return a list of problems (strings; empty = pass). Multi-rank checks live in
+`rank_checks.py`: the learner's functions travel to the ranks as source code (`inspect.getsource`), each rank
+runs the check body and returns its problems, and rank 0 publishes everyone's. A rank that raises (the
+exercise's NotImplementedError, a TypeError) or a run that hangs becomes a problem naming the rank.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import inspect
+import json
+import os
+import signal
+import tempfile
+import textwrap
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+LOG_ENV = "PARTRAIN_GRADING_LOG"  # a file: every check appends one JSON line (used by `partrain-edu check`)
+DEFAULT_TIMEOUT_S = 60.0
+
+
+@dataclass
+class CheckResult:
+    name: str
+    passed: bool
+    message: str
+    details: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Check:
+    name: str
+    nproc: int                   # 0: in-process; otherwise the number of ranks it runs on
+    arity: int                   # how many learner objects it takes
+    fn: Callable
+    summary: str                 # what a pass means, printed on success
+    deadlock_hint: str = ""      # the likely mismatch when the ranks time out
+
+
+CHECKS: dict[str, _Check] = {}
+
+
+def register(name: str, *, nproc: int = 0, arity: int = 1, summary: str, deadlock_hint: str = ""):
+    def wrap(fn: Callable) -> Callable:
+        CHECKS[name] = _Check(name, nproc, arity, fn, summary, deadlock_hint)
+        return fn
+    return wrap
+
+
+def _load_checks() -> None:
+    # Importing registers the checks; done lazily so `import partrain_edu.grading` stays light.
+    from partrain_edu.grading import local_checks, rank_checks  # noqa: F401
+
+
+def check_names() -> list[str]:
+    """Every registered check, sorted (loads them)."""
+    _load_checks()
+    return sorted(CHECKS)
+
+
+def _not_implemented(exc: BaseException) -> str:
+    return (f"not implemented yet: {exc or 'the answer cell still raises NotImplementedError'} — "
+            "replace the `raise NotImplementedError(...)` line with your code")
+
+
+def run_check(name: str, *objects: Any, timeout: float | None = None) -> CheckResult:
+    """Grade without raising: the CheckResult of check `name` on the learner's `objects`."""
+    _load_checks()
+    if name not in CHECKS:
+        raise ValueError(f"unknown check {name!r}; pick one of: {', '.join(check_names())}")
+    spec = CHECKS[name]
+    if len(objects) != spec.arity:
+        raise ValueError(f"check {name!r} takes {spec.arity} function(s) of yours, got {len(objects)}")
+    try:
+        if spec.nproc == 0:
+            with _time_limit(timeout or DEFAULT_TIMEOUT_S, name):
+                problems = spec.fn(*objects)
+        else:
+            problems = _run_on_ranks(spec, objects, timeout or DEFAULT_TIMEOUT_S)
+    except NotImplementedError as exc:
+        problems = [_not_implemented(exc)]
+    except _LearnerError as exc:
+        problems = [str(exc)]
+    except Exception as exc:  # the learner's code crashed in-process: report it, do not kill the kernel
+        problems = [f"your code raised {type(exc).__name__}: {exc}"]
+    if problems:
+        return CheckResult(name, False, f"✗ {name} failed:\n  - " + "\n  - ".join(problems),
+                           {"problems": problems})
+    return CheckResult(name, True, f"✓ {name} passed: {spec.summary}")
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float, name: str):
+    """Stop an in-process check whose learner code loops forever (SIGALRM; only in the main thread on Unix)."""
+    usable = hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread()
+    if not usable:
+        yield
+        return
+
+    def expired(signum, frame):
+        raise _LearnerError(f"your code ran longer than {seconds:g} s: an endless loop? (check {name!r})")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def check(name: str, *objects: Any, timeout: float | None = None) -> None:
+    """Grade the learner's `objects` with check `name`: print a pass, or raise AssertionError that says why.
+    Returns nothing, so a notebook cell shows only the verdict (`run_check` returns the CheckResult)."""
+    result = run_check(name, *objects, timeout=timeout)
+    _log(result)
+    if not result.passed:
+        raise AssertionError(result.message)
+    print(result.message)
+
+
+def _log(result: CheckResult) -> None:
+    path = os.environ.get(LOG_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"name": result.name, "passed": result.passed, "message": result.message}) + "\n")
+
+
+# --- running a check on N ranks -------------------------------------------------------------------------
+
+class _LearnerError(Exception):
+    """A rank failed or hung; the message is already worded for the learner."""
+
+
+def source_of(obj: Any) -> str:
+    """The source of a learner's function (a notebook cell's function works: IPython keeps cells in linecache)."""
+    if isinstance(obj, str):
+        return textwrap.dedent(obj)
+    if not callable(obj):
+        raise _LearnerError(f"expected one of your functions, got {type(obj).__name__} {obj!r}")
+    if getattr(obj, "__name__", "") == "<lambda>":
+        raise _LearnerError("a lambda cannot travel to the ranks: define your function with `def`")
+    try:
+        return textwrap.dedent(inspect.getsource(obj))
+    except (OSError, TypeError) as exc:
+        raise _LearnerError(f"cannot read the source of {getattr(obj, '__name__', obj)!r} ({exc}); "
+                            "define it with `def` in a notebook cell or a .py file") from None
+
+
+def _unanswered(source: str) -> str | None:
+    """The message of a function whose body is still only `raise NotImplementedError(...)` (an exercise as
+    generated), so a check can say so at once instead of launching ranks that would all raise it."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    fn = tree.body[0] if tree.body else None
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    body = [st for st in fn.body if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant))]
+    if len(body) == 1 and isinstance(body[0], ast.Raise) and body[0].exc is not None:
+        exc = body[0].exc
+        call = exc.func if isinstance(exc, ast.Call) else exc
+        if isinstance(call, ast.Name) and call.id == "NotImplementedError":
+            args = exc.args if isinstance(exc, ast.Call) else []
+            return args[0].value if args and isinstance(args[0], ast.Constant) else ""
+    return None
+
+
+def _run_on_ranks(spec: _Check, objects: tuple, timeout: float) -> list[str]:
+    from partrain_edu.launch import TorchrunError, torchrun
+
+    for obj in objects:
+        message = _unanswered(source_of(obj))
+        if message is not None:
+            return [f"{getattr(obj, '__name__', 'your function')}: " + _not_implemented(message)]
+    with tempfile.TemporaryDirectory(prefix="partrain_check_") as tmp:
+        job = Path(tmp) / "job.json"
+        job.write_text(json.dumps({"check": spec.name, "sources": [source_of(o) for o in objects],
+                                   "names": [getattr(o, "__name__", f"fn{i}") for i, o in enumerate(objects)]}))
+        code = "from partrain_edu.grading.rank_checks import main\nmain()\n"
+        try:
+            result = torchrun(code, nproc=spec.nproc, timeout=timeout, args=[str(job)], echo=None)
+        except TorchrunError as err:
+            raise _LearnerError(_explain_failure(err, spec, timeout)) from None
+    report = result.published.get("grading")
+    if report is None:
+        raise _LearnerError("the ranks finished without reporting (rank 0 never reached the end of the check)")
+    failed = [rank for rank, problems in sorted(report.items()) if problems]
+    if not failed:
+        return []
+    also = f" (rank(s) {failed[1:]} failed this check too)" if len(failed) > 1 else ""
+    return [f"rank {failed[0]}{also}: {p}" for p in report[failed[0]]]
+
+
+def _explain_failure(err, spec: _Check, timeout: float) -> str:
+    tb = err.rank_traceback or str(err)
+    last = [line for line in tb.strip().splitlines() if line.strip()][-1:] or [""]
+    where = f"rank {err.rank}" if err.rank is not None else "the ranks"
+    if "NotImplementedError" in last[0]:
+        return f"{where}: " + _not_implemented(last[0].split("NotImplementedError", 1)[1].lstrip(": "))
+    if err.timed_out or "timed out" in tb.lower() or "timeout" in last[0].lower():
+        return (f"{where}: timed out (limit {timeout:g} s) — the ranks waited on each other forever. "
+                f"{spec.deadlock_hint or 'Every rank must make the same calls in the same order.'}")
+    return f"{where} raised {last[0].strip()}\n{textwrap.indent(tb.rstrip()[-1500:], '      ')}"

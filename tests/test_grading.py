@@ -1,0 +1,110 @@
+"""Grading, in-process: the local checks accept the reference and catch wrong answers with the right message;
+the exercise generator strips answers; `partrain-edu check` rejects bad input with exit 2."""
+import pytest
+import torch
+
+from partrain_edu.cli import main
+from partrain_edu.grading import check, check_names, run_check
+from partrain_edu.grading.compare import differ
+from partrain_edu.grading.local_checks import reference_coords, reference_groups, reference_stage, reference_total
+from partrain_edu.grading.make_exercises import strip_solution
+
+
+def one_f_one_b(p, m):
+    out = []
+    for s in range(p):
+        w = min(p - s - 1, m)
+        acts = [("F", i) for i in range(w)]
+        for i in range(m - w):
+            acts += [("F", w + i), ("B", i)]
+        out.append(acts + [("B", i) for i in range(m - w, m)])
+    return out
+
+
+def test_references_pass_and_print(capsys):
+    for name, fn in [("model_state_bytes", reference_total), ("zero_stage", reference_stage),
+                     ("one_f_one_b", one_f_one_b), ("coords_3d", reference_coords), ("groups_3d", reference_groups)]:
+        check(name, fn)
+        assert f"✓ {name} passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name, wrong, words", [
+    ("model_state_bytes", lambda p, d, z: 16 * p // (d if z else 1), "ZeRO-1: expected 31,406,250,000 bytes"),
+    ("model_state_bytes", lambda p, d, z: reference_total(p, d, z) - 4 * p * (z < 1), "Adam states"),
+    ("model_state_bytes", lambda p, d, z: (2 + 2 + 12 // d) * p if z else 16 * p, "0.955× the expected"),
+    ("zero_stage", lambda p, d, b: next((z for z in (3, 2, 1, 0) if reference_total(p, d, z) <= b), None),
+     "LOWEST stage"),
+    ("zero_stage", lambda p, d, b: next((z for z in range(4) if reference_total(p, d, z) <= b), 3), "None"),
+    ("one_f_one_b", lambda p, m: [[("F", i) for i in range(m)] + [("B", i) for i in range(m)] for _ in range(p)],
+     "holds 8 micro-batches' activations"),
+    ("one_f_one_b", lambda p, m: [[("B", i) for i in range(m)] + [("F", i) for i in range(m)] for _ in range(p)],
+     "deadlocks"),
+    ("one_f_one_b", lambda p, m: [a[:-1] for a in one_f_one_b(p, m)], "off by one at the warm-up or cool-down"),
+    ("one_f_one_b", lambda p, m: one_f_one_b(p, m)[:-1], "expected a list of 4 per-stage lists"),
+    ("coords_3d", lambda r, dp, tp, pp: (r % dp, (r // dp) % tp, r // (dp * tp)), "tensor-parallel ranks vary fastest"),
+    ("groups_3d", lambda dp, tp, pp: {k: v for k, v in reference_groups(tp, dp, pp).items()}, "groups expected"),
+    ("groups_3d", lambda dp, tp, pp: [], "expected a dict with keys"),
+])
+def test_wrong_answers_are_caught(name, wrong, words):
+    result = run_check(name, wrong)
+    assert not result.passed
+    assert words in result.message, result.message
+    with pytest.raises(AssertionError, match=name):
+        check(name, wrong)
+
+
+def test_not_implemented_and_crashes_are_failures_not_errors():
+    def todo(*args):
+        raise NotImplementedError("write your answer here, then run the check below")
+
+    result = run_check("coords_3d", todo)
+    assert not result.passed and "not implemented yet: write your answer here" in result.message
+    result = run_check("one_f_one_b", lambda p, m: 1 / 0)
+    assert not result.passed and "ZeroDivisionError" in result.message
+
+
+def test_bad_check_calls_raise_value_error():
+    with pytest.raises(ValueError, match="unknown check 'nope'; pick one of"):
+        run_check("nope", print)
+    with pytest.raises(ValueError, match="takes 4 function"):
+        run_check("tp_f_g", print)
+    assert "define your function with `def`" in run_check("ring_all_reduce", lambda t, group=None: t).message
+    assert {"ring_all_reduce", "ddp_buckets", "zero1_step", "tp_f_g", "tp_mlp"} <= set(check_names())
+
+
+def test_differ_names_shape_index_and_ratio():
+    expected = torch.arange(1.0, 7.0).reshape(2, 3)
+    assert differ("x", expected, expected.clone()) is None
+    assert "expected shape (2, 3), got shape (3, 2)" in differ("x", expected, expected.T)
+    message = differ("x", expected, 2 * expected)
+    assert "6 of 6 values differ" in message and "first at flat index 0" in message and "2× the expected" in message
+
+
+def test_strip_solution_keeps_indentation_and_signature():
+    source = "def f(x):\n    \"\"\"doc\"\"\"\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION\n\nf"
+    stripped = strip_solution(source)
+    assert stripped == ("def f(x):\n    \"\"\"doc\"\"\"\n    # YOUR CODE HERE\n"
+                        "    raise NotImplementedError(\"write your answer here, then run the check below\")\n\nf")
+    compile(stripped, "cell", "exec")
+    with pytest.raises(ValueError, match="never closed"):
+        strip_solution("### BEGIN SOLUTION\nx = 1")
+    with pytest.raises(ValueError, match="without a"):
+        strip_solution("### END SOLUTION")
+
+
+def test_check_command_bad_input_exits_2(tmp_path, capsys):
+    assert main(["check", str(tmp_path / "missing")]) == 2
+    assert "no such file or folder" in capsys.readouterr().err
+    (tmp_path / "notes.txt").write_text("hi")
+    assert main(["check", str(tmp_path / "notes.txt")]) == 2
+    assert main(["check", str(tmp_path)]) == 2
+    assert "no .ipynb notebooks" in capsys.readouterr().err
+
+
+def test_an_endless_loop_in_process_ends_in_a_message():
+    def forever(p, m):
+        while True:
+            pass
+
+    result = run_check("one_f_one_b", forever, timeout=0.5)
+    assert not result.passed and "ran longer than 0.5 s: an endless loop?" in result.message
