@@ -204,13 +204,14 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     return total
 
 
-def run(ctx: runtime.ParallelContext, cfg: TrainConfig,
-        on_step: Callable[[int, float], None] | None = None) -> dict:
-    """Train `cfg.steps` steps with `cfg.strategy` on this rank; every rank returns the same report."""
-    processes = 1 if get_strategy(cfg.strategy).in_process else cfg.nproc
-    if ctx.world_size != processes:
+def run(ctx: runtime.ParallelContext, cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
+        strategy: Strategy | None = None) -> dict:
+    """Train `cfg.steps` steps on this rank; every rank returns the same report. The strategy is built from
+    `cfg.strategy` unless an already-built one is given (tests and notebooks that vary its options)."""
+    kind = type(strategy) if strategy is not None else get_strategy(cfg.strategy)
+    if ctx.world_size != (1 if kind.in_process else cfg.nproc):
         raise ValueError(f"--nproc {cfg.nproc} does not match the {ctx.world_size} ranks torchrun started")
-    strategy = get_strategy(cfg.strategy)(ctx, cfg)
+    strategy = strategy if strategy is not None else kind(ctx, cfg)
     data = SyntheticTokens(cfg.model.vocab_size, cfg.model.seq_len, seed=cfg.seed)
     losses, times = [], []
     tracer = CommTracer()

@@ -86,7 +86,7 @@ from partrain_edu.comm import CommTracer
 from partrain_edu.data import SyntheticTokens
 from partrain_edu.models import TinyGPT
 from partrain_edu.parallel.ddp import DDP, NaiveDDP, DistributedDataParallel
-from partrain_edu.train import TrainConfig, get_strategy
+from partrain_edu.train import TrainConfig, get_strategy, run
 
 ctx = runtime.init()
 n, r, steps = ctx.world_size, ctx.rank, int(sys.argv[1])
@@ -94,16 +94,8 @@ data = SyntheticTokens()
 out = {}
 
 def train(strategy, cfg):
-    tracer, losses = CommTracer(), []
-    with tracer:
-        for step in range(cfg.steps):
-            loss_sum, count = strategy.train_step(*data.global_batch(step, cfg.global_batch))
-            tracer.step()
-            with tracer.paused():
-                totals = torch.tensor([loss_sum, count], dtype=torch.float64)
-                dist.all_reduce(totals)
-            losses.append(float(totals[0] / totals[1]))
-        comm = tracer.summary_of_max_sender()
+    report = run(ctx, cfg, strategy=strategy)   # the CLI's own loop: losses and traced comm per step
+    losses, comm = report["losses"], report["comm"]
     params = [p.detach().clone() for p in strategy.model.parameters()]
     sums = [None] * n
     dist.all_gather_object(sums, float(sum(p.double().sum() for p in params)))

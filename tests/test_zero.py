@@ -20,29 +20,20 @@ SCRIPT = r"""
 import sys
 import torch, torch.distributed as dist
 from partrain_edu import runtime
-from partrain_edu.comm import CommTracer
 from partrain_edu.data import SyntheticTokens
 from partrain_edu.models import GPTConfig, TinyGPT
 from partrain_edu.parallel.fsdp import Zero3
 from partrain_edu.parallel.zero import Zero1, Zero2
 from partrain_edu.train import Single, TrainConfig, get_strategy, tensor_bytes
+from partrain_edu.train import run as train_run
 
 ctx = runtime.init()
 n, r, steps = ctx.world_size, ctx.rank, int(sys.argv[1])
 sgd = lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)
 
 def run(strategy, cfg):
-    data, tracer, losses = SyntheticTokens(cfg.model.vocab_size, cfg.model.seq_len), CommTracer(), []
-    with tracer:
-        for step in range(steps):
-            loss_sum, count = strategy.train_step(*data.global_batch(step, cfg.global_batch))
-            tracer.step()
-            with tracer.paused():
-                totals = torch.tensor([loss_sum, count], dtype=torch.float64)
-                dist.all_reduce(totals)
-            losses.append(float(totals[0] / totals[1]))
-        comm = tracer.summary_of_max_sender()
-    return losses, comm
+    report = train_run(ctx, cfg, strategy=strategy)   # the CLI's own loop: losses and traced comm per step
+    return report["losses"], report["comm"]
 
 def full_params(strategy):
     m = strategy.model
