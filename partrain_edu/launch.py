@@ -36,6 +36,8 @@ from partrain_edu.runtime import BACKEND_ENV, DEFAULT_TIMEOUT_S, PUBLISH_DIR_ENV
 
 RANK_LINE = re.compile(r"^\[rank (\d+)\] ?(.*)$")
 KILL_GRACE_S = 3.0
+# Errors a rank gets only because another rank died or gave up first (Gloo's and NCCL's wording).
+CONSEQUENCES = ("Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted")
 
 
 @dataclass
@@ -246,7 +248,9 @@ def _failure(run: _Run, returncode: int) -> TorchrunError:
     if not errors:
         return TorchrunError(f"torchrun exited with code {returncode} and no rank reported an error:\n"
                              + "\n".join(run.launcher[-20:]), min(exit_codes, default=None), "", outputs)
-    first = min(errors.values(), key=lambda e: e["time"])
+    # The earliest error is the cause, except that a rank whose peer vanished ("connection closed/reset by
+    # peer") is only a consequence: the peer's own error (often a timeout) can be written a moment later.
+    first = min(errors.values(), key=lambda e: (_is_consequence(e["traceback"]), e["time"]))
     others = sorted(r for r in errors if r != first["rank"])
     also = f" (then rank(s) {others} failed too)" if others else ""
     stuck = _stuck_ranks(run)
@@ -254,6 +258,10 @@ def _failure(run: _Run, returncode: int) -> TorchrunError:
         also += f"; rank(s) {stuck} never got that far"
     message = f"rank {first['rank']} failed{also}:\n{first['traceback'].rstrip()}"
     return TorchrunError(message, first["rank"], first["traceback"], outputs, first["timed_out"])
+
+
+def _is_consequence(traceback_text: str) -> bool:
+    return any(words in traceback_text for words in CONSEQUENCES)
 
 
 def _torchrun_exit_codes(report: str) -> dict[int, int]:

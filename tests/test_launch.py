@@ -1,6 +1,7 @@
 """The launcher: results, published values, and every way a rank can fail — each a clear error within seconds,
 with nothing left running."""
 import _thread
+import json
 import threading
 import time
 import uuid
@@ -163,3 +164,15 @@ Root Cause (first observed failure):
   exitcode  : -9 (pid: 3208)  (SIGKILL)
 """
     assert _torchrun_exit_codes(report) == {0: 1, 1: -9}
+
+
+def test_a_peer_vanished_error_is_never_named_the_cause(tmp_path):
+    from partrain_edu.launch import _failure, _Run
+
+    run = _Run(2, tmp_path, lambda rank, text: None, None)
+    (tmp_path / "rank0.error").write_text(json.dumps({"rank": 0, "time": 1.0, "timed_out": False,
+                                                      "traceback": "RuntimeError: Connection closed by peer"}))
+    (tmp_path / "rank1.error").write_text(json.dumps({"rank": 1, "time": 1.2, "timed_out": True,
+                                                      "traceback": "RuntimeError: Timed out waiting 5000ms"}))
+    error = _failure(run, 1)
+    assert error.rank == 1 and error.timed_out and str(error).startswith("rank 1 failed (then rank(s) [0]")
