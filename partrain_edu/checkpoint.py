@@ -15,9 +15,9 @@ can cut the same global tensor differently for another world size.
 
 Atomic: a save writes into a new folder `root/step-K`; only when every rank has finished does rank 0 point
 `root/LATEST` at it (write a temporary file, then `os.replace`, atomic on POSIX). A save killed halfway leaves
-`LATEST` on the previous checkpoint. Loading never unpickles arbitrary objects: DCP's metadata file is
-checked first with an unpickler that only admits DCP's own metadata classes; tensors load with
-`weights_only=True`. A checkpoint whose tensors do not match the model raises a one-line ValueError.
+`LATEST` on the previous checkpoint. Loading never unpickles arbitrary objects: DCP's metadata file is read
+once, by an unpickler that admits only the exact classes DCP writes, and handed to DCP (which would otherwise
+unpickle it again unchecked); tensors load with `weights_only=True`. A checkpoint whose tensors do not match the model raises a one-line ValueError.
 
     save(strategy, "ckpt", step=10)      # every rank
     load(strategy, "ckpt")               # every rank, any world size → the step that was saved
@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
@@ -98,14 +99,23 @@ def latest(root: str | os.PathLike) -> Path:
     return root / (root / "LATEST").read_text().strip()
 
 
+# Exactly the globals DCP's metadata pickle names (torch 2.13), as (module, name) pairs. Nothing else is
+# resolved: pickle would otherwise follow a dotted name ("filesystem", "os.system") to any function.
+_METADATA_GLOBALS = {
+    ("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+        "ChunkStorageMetadata", "BytesStorageMetadata", "_MEM_FORMAT_ENCODING")
+} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch.serialization", "_get_layout"),
+    ("torch", "Size"), ("collections", "OrderedDict"), ("builtins", "set"), ("pathlib", "PosixPath"),
+} | {("torch", dtype) for dtype in ("float32", "float64", "float16", "bfloat16", "int64", "int32", "uint8", "bool")}
+
+
 class _MetadataOnly(pickle.Unpickler):
-    """Admits only DCP's metadata classes and plain containers; anything else is refused, not built."""
+    """Admits only the exact (module, name) pairs above; anything else is refused, never imported or built."""
 
     def find_class(self, module, name):
-        if module.startswith("torch.distributed.checkpoint.") or (module, name) in {
-                ("torch", "Size"), ("collections", "OrderedDict"), ("builtins", "set"), ("torch", "float32"),
-                ("torch", "float64"), ("torch", "bfloat16"), ("torch", "float16"), ("torch", "int64"),
-                ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath")}:
+        if (module, name) in _METADATA_GLOBALS:
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"refusing to load {module}.{name} from checkpoint metadata")
 
@@ -115,18 +125,34 @@ def _metadata(folder: Path):
         return _MetadataOnly(f).load()
 
 
+class _SafeReader(dcp.FileSystemReader):
+    """DCP's reader, except that its metadata comes from `_MetadataOnly`: DCP itself would `pickle.load` the
+    file again, unchecked, after our check (and a file swapped in between would go unchecked)."""
+
+    def __init__(self, folder: Path, metadata):
+        super().__init__(str(folder))
+        self._checked = metadata
+
+    def read_metadata(self, *args, **kwargs):
+        if getattr(self._checked, "storage_meta", None) is None:   # as FileSystemReader.read_metadata does
+            self._checked.storage_meta = StorageMeta()
+        self._checked.storage_meta.load_id = self.load_id
+        return self._checked
+
+
 def load(strategy, root: str | os.PathLike) -> int:
     """Load the latest checkpoint in `root` into `strategy` (any world size); returns the saved step."""
     folder = latest(root)
     ours = _state_dict(strategy)
-    saved = _metadata(folder).state_dict_metadata
+    metadata = _metadata(folder)
+    saved = metadata.state_dict_metadata
     for key, value in ours.items():
         size = tuple(value.shape)
         if key not in saved or tuple(getattr(saved[key], "size", ())) != size:
             found = tuple(saved[key].size) if key in saved else "missing"
             raise ValueError(f"checkpoint {folder} does not match this model: {key} is {found}, expected {size}; "
                              "load it into the same model configuration and strategy family")
-    dcp.load(ours, checkpoint_id=str(folder))                # writes into the shard views in place
+    dcp.load(ours, storage_reader=_SafeReader(folder, metadata))   # writes into the shard views in place
     for i, flat in enumerate(_units(strategy)):
         strategy.optimizer.state[flat.shard]["step"] = ours[f"optim.{i}.step"]
         if flat.full is not None:                            # zero1/2: every replica needs the full weights

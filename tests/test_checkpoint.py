@@ -146,3 +146,24 @@ def test_a_pickled_object_in_the_metadata_is_refused(tmp_path):
         checkpoint._metadata(checkpoint.latest(tmp_path))
     with pytest.raises(ValueError, match="no checkpoint"):
         checkpoint.latest(tmp_path / "nowhere")
+
+
+def test_a_crafted_metadata_naming_a_function_through_a_dotted_name_runs_nothing(tmp_path):
+    """D1: pickle resolves ("torch.distributed.checkpoint.filesystem", "os.system") to os.system, a module
+    prefix is no allowlist. The payload would create `marker`; it must be refused before anything is built."""
+    marker = tmp_path / "marker"
+    module, name = b"torch.distributed.checkpoint.filesystem", b"os.system"
+    command = f"touch {marker}".encode()
+    payload = (b"\x80\x04" + b"\x8c" + bytes([len(module)]) + module + b"\x8c" + bytes([len(name)]) + name
+               + b"\x93" + b"\x8c" + bytes([len(command)]) + command + b"\x85R.")   # STACK_GLOBAL, REDUCE
+    folder = tmp_path / "step-1"
+    folder.mkdir()
+    (folder / ".metadata").write_bytes(payload)
+    (tmp_path / "LATEST").write_text("step-1")
+    ctx = runtime.init()
+    try:
+        with pytest.raises(pickle.UnpicklingError, match="refusing to load torch.distributed.checkpoint.filesystem.os.system"):
+            checkpoint.load(Zero3(ctx, TrainConfig(strategy="zero3")), tmp_path)
+    finally:
+        runtime.shutdown()
+    assert not marker.exists()
