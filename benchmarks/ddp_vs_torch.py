@@ -2,7 +2,7 @@
 
     python benchmarks/ddp_vs_torch.py [--nproc 2 4] [--steps 20] [--json]
 
-For each world size, one torchrun job builds both `ddp` (partrain_edu.parallel.ddp) and `torch-ddp`
+For each world size, one torchrun job builds both `ddp` (partrain_edu.strategies.ddp) and `torch-ddp`
 (DistributedDataParallel with the traced hook, as `partrain-edu train` runs it) on TinyGPT, then alternates
 their training steps (so drift in machine load hits both alike) and reports the median step time of the
 slowest rank and the ratio ours / torch's (goal ≤ 1.10). Both use 25 MiB buckets: one bucket for TinyGPT.
@@ -26,9 +26,10 @@ from partrain_edu import runtime
 from partrain_edu.benchmarking import alternate_steps, slowest
 from torch.nn.parallel import DistributedDataParallel
 from partrain_edu.comm_adapters import traced_allreduce_hook
-from partrain_edu.parallel.ddp import DDP
+from partrain_edu.config import TrainConfig
 from partrain_edu.parallel.ring import ring_all_reduce
-from partrain_edu.train import TrainConfig, get_strategy
+from partrain_edu.strategies import get_strategy
+from partrain_edu.strategies.ddp import DDP
 
 ctx = runtime.init()
 steps, warmup = int(sys.argv[1]), 3

@@ -23,7 +23,8 @@ import sys, time
 import torch, torch.distributed as dist
 from partrain_edu import runtime
 from partrain_edu.benchmarking import alternate_steps
-from partrain_edu.train import TrainConfig, get_strategy
+from partrain_edu.config import TrainConfig
+from partrain_edu.strategies import get_strategy
 
 steps, warmup = int(sys.argv[1]), int(sys.argv[2])
 ctx = runtime.init()

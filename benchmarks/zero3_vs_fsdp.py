@@ -19,8 +19,9 @@ import sys, time, statistics
 import torch, torch.distributed as dist
 from partrain_edu import runtime
 from partrain_edu.benchmarking import alternate_steps
-from partrain_edu.parallel.fsdp import Zero3
-from partrain_edu.train import TrainConfig, get_strategy
+from partrain_edu.config import TrainConfig
+from partrain_edu.strategies.fsdp import Zero3
+from partrain_edu.strategies import get_strategy
 
 ctx = runtime.init()
 steps, warmup = int(sys.argv[1]), 3

@@ -1,54 +1,129 @@
 """What each rank runs under the launcher: the user's script, with its output labelled and its error kept.
 
-    python -m torch.distributed.run --standalone --nproc-per-node N -m partrain_edu._rank RUN_DIR
+    python -m partrain_edu._agent ... -m partrain_edu._rank RUN_DIR      (started by partrain_edu.launch)
 
 RUN_DIR/argv.json holds what to run: ["script.py", args...] or ["--module", "package.module", args...].
 
-Three small jobs, so that the notebook can show one clear story instead of torchrun's wall of text:
-1. every line this rank prints is prefixed `[rank k] ` (the launcher sorts the merged stream by that prefix);
+Four small jobs, so that the notebook can show one clear story and nothing outlives the launch:
+1. every line this rank writes to stdout or stderr is prefixed `[rank k] ` (the launcher sorts the merged stream by
+   that prefix), whoever writes it: `print`, `os.write(1, ...)`, C code, a child process. File descriptors 1 and 2
+   are a pipe to a small labelling process forked first, which also passes on the last lines of a rank that crashes;
 2. an uncaught exception is written, with a traceback trimmed to the user's frames, to RUN_DIR/rank{k}.error
    (and a clean finish to RUN_DIR/rank{k}.done, so a timeout can name the ranks that never got there);
-3. RUN_DIR/rank{k}.pid lets the launcher kill this rank even though torchrun starts each rank in its own
-   session (so killing torchrun's process group alone would leave ranks behind).
+   RUN_DIR/rank{k}.pid says the rank started;
+3. when the script ends, whatever it started and left running is killed: its descendants, and the members of its
+   process group (torchrun starts each rank in a session of its own, which its children share);
+4. if the process that called `torchrun()` dies (a closed terminal, a killed kernel), a watchdog thread kills the
+   whole run, this rank last, and removes RUN_DIR.
 """
 from __future__ import annotations
 
 import gc
-import io
 import json
 import os
 import runpy
+import select
+import shutil
+import signal
 import sys
+import threading
 import time
 import traceback
 
+from partrain_edu import _procs
 
-class PrefixedWriter(io.TextIOBase):
-    """A text stream that writes whole lines, each starting with `prefix`, to `target`."""
+WATCH_S = 0.5  # how often the watchdog looks at the launcher
+LONGEST_LINE = 1 << 20  # a "line" that never ends is passed on in pieces of this size
 
-    def __init__(self, target, prefix: str):
-        self.target, self.prefix, self.pending = target, prefix, ""
 
-    def writable(self) -> bool:
-        return True
+def _start_labeller(rank: int) -> int:
+    """Fork the labelling process and point fds 1 and 2 at it; return its pid. Call before any thread starts."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(write_end)
+        # torchrun stops a failed run with SIGTERM to each rank's process group: stay to pass on the rank's last
+        # lines; the pipe's end (every writer gone) ends this process.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _label(read_end, f"[rank {rank}] ".encode())
+        os._exit(0)
+    os.close(read_end)
+    os.dup2(write_end, 1)
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    for stream in (sys.stdout, sys.stderr):  # an odd character must never cost the rank its life
+        stream.reconfigure(errors="backslashreplace")
+    return pid
 
-    def write(self, text: str) -> int:
-        self.pending += text
-        *lines, self.pending = self.pending.split("\n")
-        if lines:
-            # One write() per batch of lines: lines from different ranks never interleave mid-line.
-            self.target.write("".join(f"{self.prefix}{line}\n" for line in lines))
-            self.target.flush()
-        return len(text)
 
-    def flush(self) -> None:
-        if self.pending:
-            self.target.write(f"{self.prefix}{self.pending}\n")
-            self.pending = ""
-        self.target.flush()
+def _label(read_end: int, prefix: bytes) -> None:
+    pending = b""
+    while chunk := os.read(read_end, 1 << 16):
+        *lines, pending = (pending + chunk).split(b"\n")
+        if len(pending) > LONGEST_LINE:
+            lines.append(pending)
+            pending = b""
+        _write_lines(prefix, lines)
+    _write_lines(prefix, [pending] if pending else [])
 
-    def isatty(self) -> bool:
-        return False
+
+def _write_lines(prefix: bytes, lines: list[bytes]) -> None:
+    """Whole lines, in writes of at most PIPE_BUF bytes where the lines allow: every rank writes into the same pipe
+    to the launcher, and such writes never interleave with another rank's mid-line."""
+    batch = b""
+    for line in lines:
+        entry = prefix + line + b"\n"
+        if batch and len(batch) + len(entry) > select.PIPE_BUF:
+            _write_all(batch)
+            batch = b""
+        batch += entry
+    if batch:
+        _write_all(batch)
+
+
+def _write_all(data: bytes) -> None:
+    try:
+        while data:
+            data = data[os.write(1, data):]
+    except OSError:  # the launcher is gone: nobody to tell
+        os._exit(0)
+
+
+def _watch_launcher(run_dir: str) -> None:
+    launcher, run_id = os.environ.get(_procs.LAUNCHER_ENV), os.environ.get(_procs.RUN_ENV)
+    if not launcher or not run_id or not _procs.SUPPORTED:
+        return  # not started by partrain_edu.launch
+
+    def watch() -> None:
+        while _procs.is_running(launcher):
+            time.sleep(WATCH_S)
+        # First the launcher's temporary folder (nobody else will remove it): the ranks' watchdogs race, and each
+        # reaches the killing below only after removing it.
+        shutil.rmtree(run_dir, ignore_errors=True)
+        _procs.stop(lambda: _procs.run_members(run_id), grace_s=0.0)  # torchrun, every rank, what they started
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="partrain-watchdog", daemon=True).start()
+
+
+def _finish(labeller: int) -> None:
+    """Kill what the script left running, then let the labeller pass on the last output (at most 2 s)."""
+    sys.stdout.flush(), sys.stderr.flush()
+    _procs.stop(lambda: _procs.leftovers_of(os.getpid(), keep={labeller}), grace_s=0.5)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    deadline = time.monotonic() + 2.0
+    try:
+        while os.waitpid(labeller, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:  # something we could not kill still holds the pipe
+                os.kill(labeller, signal.SIGKILL)
+                os.waitpid(labeller, 0)
+                return
+            time.sleep(0.01)
+    except ChildProcessError:  # the script reaped it already (os.wait())
+        pass
 
 
 def _user_traceback(exc: BaseException) -> str:
@@ -66,13 +141,22 @@ def _user_traceback(exc: BaseException) -> str:
 
 def main(argv: list[str]) -> int:
     run_dir = argv[0]
+    rank = int(os.environ.get("RANK", 0))
+    labeller = _start_labeller(rank)
+    _watch_launcher(run_dir)
+    pid_file = os.path.join(run_dir, f"rank{rank}.pid")
+    with open(pid_file + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(pid_file + ".tmp", pid_file)  # the launcher never sees a half-written file
+    try:
+        return _run(run_dir, rank)
+    finally:
+        _finish(labeller)
+
+
+def _run(run_dir: str, rank: int) -> int:
     with open(os.path.join(run_dir, "argv.json")) as f:
         rest = json.load(f)  # [script.py, args...] or ["--module", name, args...]
-    rank = int(os.environ.get("RANK", 0))
-    with open(os.path.join(run_dir, f"rank{rank}.pid"), "w") as f:
-        f.write(str(os.getpid()))
-    sys.stdout = PrefixedWriter(sys.__stdout__, f"[rank {rank}] ")
-    sys.stderr = PrefixedWriter(sys.__stderr__, f"[rank {rank}] ")
     try:
         if rest[0] == "--module":
             sys.argv = [rest[1], *rest[2:]]
@@ -88,7 +172,6 @@ def main(argv: list[str]) -> int:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
         if code:
             _write_error(run_dir, rank, f"SystemExit: {exit_.code}\n", timed_out=False)
-            sys.stdout.flush(), sys.stderr.flush()
             return code
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the notebook
         from partrain_edu.runtime import TIMEOUT_HINT, is_timeout_error
@@ -99,10 +182,8 @@ def main(argv: list[str]) -> int:
             text += f"\n{TIMEOUT_HINT}\n"
         _write_error(run_dir, rank, text, timed_out)
         sys.stderr.write(text)
-        sys.stdout.flush(), sys.stderr.flush()
         return 1
     _destroy_process_group()
-    sys.stdout.flush(), sys.stderr.flush()
     open(os.path.join(run_dir, f"rank{rank}.done"), "w").close()  # finished: not among the stuck ones
     return 0
 
@@ -110,9 +191,8 @@ def main(argv: list[str]) -> int:
 def _destroy_process_group() -> None:
     """A script that leaves its process group alive can make Gloo abort at interpreter exit
     ("terminate called without an active exception"); tear it down for the learner."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
+    dist = sys.modules.get("torch.distributed")  # a script that never imported it has no group (nor pays 2 s)
+    if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
 
@@ -127,5 +207,4 @@ if __name__ == "__main__":
     # Skip the interpreter's teardown: a Gloo worker thread still finishing the last collective while C++
     # static destructors run aborts the process ("terminate called without an active exception") in a
     # fraction of runs. Output is flushed and every file closed by now, so nothing is lost.
-    sys.stdout.flush(), sys.stderr.flush()
     os._exit(code)

@@ -12,9 +12,9 @@ import argparse
 import json
 import sys
 
+from partrain_edu.config import add_train_arguments, config_from_args
 from partrain_edu.grading.cli import add_subcommands as add_grading_subcommands
 from partrain_edu.theory.cli import add_subcommands as add_theory_subcommands
-
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -28,10 +28,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from partrain_edu import train  # imports torch: only the train command pays for it
-    from partrain_edu.launch import TorchrunError
+    from partrain_edu.launch import TorchrunError, check_timeout
+    from partrain_edu.strategies import get_strategy
 
-    cfg = train.config_from_args(args)
-    train.get_strategy(cfg.strategy).layout(cfg)  # bad sizes fail before a progress bar appears
+    timeout = None if args.timeout.lower() == "none" else check_timeout(args.timeout, "--timeout", none="none")
+    cfg = config_from_args(args)
+    get_strategy(cfg.strategy).layout(cfg)  # bad sizes fail before a progress bar appears
     bar = tqdm(total=cfg.steps, desc=cfg.strategy, unit="step", file=sys.stderr, disable=args.json)
 
     def progress(step: int, loss: float) -> None:
@@ -43,7 +45,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             bar.write(f"[rank {rank}] {text}", file=sys.stderr)
 
     try:
-        report = train.launch(cfg, on_step=progress, echo=echo, timeout=args.timeout)
+        report = train.launch(cfg, on_step=progress, echo=echo, timeout=timeout)
     except TorchrunError as error:
         bar.close()
         print(f"partrain-edu train: {error}", file=sys.stderr)
@@ -69,24 +71,13 @@ def _train_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--strategy", required=True, help="single, torch-ddp, ... (an unknown name lists them)")
-    parser.add_argument("--nproc", type=int, default=1, help="number of processes (ranks)")
-    parser.add_argument("--dp", type=int, default=None)
-    parser.add_argument("--tp", type=int, default=None)
-    parser.add_argument("--pp", type=int, default=None)
-    parser.add_argument("--microbatches", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--global-batch", type=int, default=16)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="partrain-edu", description="Learn data, tensor and pipeline parallelism.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_train = sub.add_parser("train", help="train TinyGPT for real with a parallel strategy")
     add_train_arguments(p_train)
-    p_train.add_argument("--timeout", type=float, default=None, help="seconds before every rank is killed")
+    p_train.add_argument("--timeout", default="600", help="seconds before every rank is killed (default 600; "
+                         "'none': no limit)")
     p_train.add_argument("--json", action="store_true", help="print one JSON object")
     p_train.set_defaults(func=cmd_train)
     add_theory_subcommands(sub)   # memory, traffic, pipeline, plan

@@ -1,43 +1,49 @@
-"""Run code on N ranks from a notebook: the `%%torchrun` cell magic and the `torchrun()` function.
+"""Run code on N ranks from a notebook: the `%%torchrun` cell magic (see `partrain_edu.notebook`) and `torchrun()`.
 
     %load_ext partrain_edu
-    %%torchrun -n 4 [--timeout 120] [--backend gloo] [--rank 0] [-- script args]
+    %%torchrun -n 4 [--timeout 120|none] [--backend gloo] [--rank 0] [-- script args]
 
-Both run `python -m torch.distributed.run --standalone --nproc-per-node N` — `--standalone` rendezvous on a
-free port, so two notebooks launching at once never collide — with every rank wrapped by `partrain_edu._rank`
-so that the launcher can:
+Both run torch's `torch.distributed.run` (through `partrain_edu._agent`) with a fresh rendezvous on a free port
+of 127.0.0.1, so two notebooks launching at once never collide and nothing listens beyond this machine. Every
+rank is wrapped by `partrain_edu._rank`, so that the launcher can:
 - stream each rank's output live as `[rank k]` lines (and, in a notebook, keep a rank-ordered copy, so the
   saved output is the same on every run);
-- turn a failure into one `TorchrunError` carrying the failing rank's own traceback (not torchrun's
-  ChildFailedError wall);
-- kill every rank on a timeout, a kernel interrupt or another rank's failure — nothing is left running;
+- turn a failure into one `TorchrunError` naming the rank that caused it, with its own traceback (not
+  torchrun's ChildFailedError wall);
+- stop the run after `timeout` seconds of wall-clock time (default 300 s), on a kernel interrupt, on another
+  rank's failure, or when the caller itself dies, killing every rank and everything the ranks started;
 - hand back the values ranks `runtime.publish`ed.
 """
 from __future__ import annotations
 
-import glob
 import json
+import math
 import os
 import pickle
-import queue
 import re
-import shlex
+import select
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
+from partrain_edu import _procs
+from partrain_edu._diagnose import TorchrunError, failure, timeout_error
 from partrain_edu.runtime import BACKEND_ENV, DEFAULT_TIMEOUT_S, PUBLISH_DIR_ENV, TIMEOUT_ENV
 
+# A cell that runs longer than this is stopped. It catches what the 60 s collective timeout inside the ranks
+# cannot (a loop with no collective, a rank blocked outside torch) while leaving ample room for a healthy cell on a
+# loaded classroom server: course cells take seconds, and 20 concurrent 2-rank trainings on 2 cores took 260 s.
+DEFAULT_RUN_TIMEOUT_S = 300.0
 RANK_LINE = re.compile(r"^\[rank (\d+)\] ?(.*)$")
 KILL_GRACE_S = 3.0
-# Errors a rank gets only because another rank died or gave up first (Gloo's and NCCL's wording).
-CONSEQUENCES = ("Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted")
+T = TypeVar("T")
 
 
 @dataclass
@@ -47,20 +53,6 @@ class TorchrunResult:
     published: dict[str, Any]  # name -> value from `runtime.publish` on rank 0
     wall_s: float
     launcher_output: str = ""
-
-
-class TorchrunError(RuntimeError):
-    """A rank failed, died or hung. `rank` is the first rank that failed (None if none could be named)."""
-
-    def __init__(self, message: str, rank: int | None, rank_traceback: str = "",
-                 outputs: dict[int, str] | None = None, timed_out: bool = False):
-        super().__init__(message)
-        self.rank, self.rank_traceback, self.timed_out = rank, rank_traceback, timed_out
-        self.outputs = outputs or {}
-
-    def _render_traceback_(self) -> list[str]:
-        # IPython shows this instead of the launcher's own stack: the learner's error is the rank's.
-        return [f"TorchrunError: {self}"]
 
 
 @dataclass
@@ -73,6 +65,7 @@ class _Run:
     show_rank: int | None
     outputs: dict[int, list[str]] = field(default_factory=dict)
     launcher: list[str] = field(default_factory=list)
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def take(self, line: str) -> None:
         match = RANK_LINE.match(line)
@@ -87,29 +80,47 @@ class _Run:
     def texts(self) -> dict[int, str]:
         return {r: "\n".join(lines) + "\n" for r, lines in sorted(self.outputs.items())}
 
-    def pids(self) -> list[int]:
-        return [int(Path(p).read_text() or 0) for p in glob.glob(str(self.run_dir / "rank*.pid"))]
+    def ranks_with(self, suffix: str) -> set[int]:
+        """Ranks that wrote RUN_DIR/rank{k}{suffix}: .pid started, .error raised, .done finished cleanly."""
+        return {int(p.name[4:-len(suffix)]) for p in self.run_dir.glob(f"rank*{suffix}")}
 
 
 def _print_echo(rank: int | None, text: str) -> None:
     print(f"[rank {rank}] {text}", flush=True)
 
 
-def torchrun(code_or_path: str | os.PathLike, nproc: int = 2, timeout: float | None = None,
+def check_timeout(timeout: Any, name: str = "timeout", none: str = "None") -> float | None:
+    """`timeout` as seconds, or None for no limit; a one-line ValueError naming `name` for anything else."""
+    if timeout is None:
+        return None
+    try:
+        seconds = float(timeout)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if isinstance(timeout, bool) or not (0 < seconds < math.inf):
+        raise ValueError(f"{name} must be a positive, finite number of seconds, not {timeout!r} "
+                         f"({none} for no limit)")
+    return seconds
+
+
+def check_arguments(nproc: int, timeout: Any, show_rank: int | None) -> float | None:
+    if nproc < 1:
+        raise ValueError(f"nproc must be a whole number of at least 1, not {nproc!r}")
+    if show_rank is not None and not 0 <= show_rank < nproc:
+        raise ValueError(f"--rank {show_rank} does not exist with {nproc} ranks; pick 0..{nproc - 1}")
+    return check_timeout(timeout)
+
+
+def torchrun(code_or_path: str | os.PathLike, nproc: int = 2, timeout: float | None = DEFAULT_RUN_TIMEOUT_S,
              args: Sequence[str] = (), *, module: str | None = None, backend: str | None = None,
              show_rank: int | None = None, echo: Callable[[int | None, str], None] | None = _print_echo,
              env: dict[str, str] | None = None) -> TorchrunResult:
     """Run a script (a path, or source code as a string) or `module=` on `nproc` ranks under torchrun.
 
-    Returns a `TorchrunResult`; raises `TorchrunError` when any rank fails or the run exceeds `timeout`
-    seconds (None: no limit beyond the 60 s collective timeout inside the ranks).
+    Returns a `TorchrunResult`; raises `TorchrunError` when any rank fails, or when the run takes longer than
+    `timeout` seconds (default 300; None: no limit, a deadlock in a collective still ends after 60 s).
     """
-    if nproc < 1:
-        raise ValueError(f"nproc must be at least 1, got {nproc}")
-    if timeout is not None and timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
-    if show_rank is not None and not 0 <= show_rank < nproc:
-        raise ValueError(f"--rank {show_rank} does not exist with {nproc} ranks; pick 0..{nproc - 1}")
+    timeout = check_arguments(nproc, timeout, show_rank)
     with tempfile.TemporaryDirectory(prefix="partrain_") as tmp:
         run_dir = Path(tmp)
         (run_dir / "published").mkdir()
@@ -127,17 +138,22 @@ def torchrun(code_or_path: str | os.PathLike, nproc: int = 2, timeout: float | N
         # The script and its arguments travel in a file: torchrun's own parser would otherwise claim any
         # script flag that abbreviates one of its options (`--nproc` for `--nproc-per-node`).
         (run_dir / "argv.json").write_text(json.dumps([*target, *map(str, args)]))
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc-per-node={nproc}", "-m", "partrain_edu._rank", str(run_dir)]
+        run = _Run(nproc, run_dir, echo or (lambda rank, text: None), show_rank)
+        command = [sys.executable, "-m", "partrain_edu._agent", str(os.getpid()),
+                   "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={run.run_id}",
+                   "--nnodes=1", "--local-addr=127.0.0.1", f"--nproc-per-node={nproc}",
+                   "-m", "partrain_edu._rank", str(run_dir)]
         collective_timeout = DEFAULT_TIMEOUT_S if timeout is None else min(DEFAULT_TIMEOUT_S, 0.75 * timeout)
         rank_env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                    PUBLISH_DIR_ENV: str(run_dir / "published"), TIMEOUT_ENV: str(collective_timeout)}
+                    PUBLISH_DIR_ENV: str(run_dir / "published"), TIMEOUT_ENV: str(collective_timeout),
+                    _procs.RUN_ENV: run.run_id, _procs.LAUNCHER_ENV: _procs.identity(os.getpid()) or ""}
+        if os.path.exists("/sys/class/net/lo"):  # Gloo's own sockets on loopback too (single node)
+            rank_env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         if backend is not None:
             rank_env[BACKEND_ENV] = backend
-        run = _Run(nproc, run_dir, echo or (lambda rank, text: None), show_rank)
         returncode, wall_s = _supervise(command, rank_env, run, timeout)
         if returncode != 0:
-            raise _failure(run, returncode)
+            raise failure(run, returncode)
         published = {}
         for path in sorted((run_dir / "published").glob("*.pkl")):
             with open(path, "rb") as f:
@@ -146,175 +162,99 @@ def torchrun(code_or_path: str | os.PathLike, nproc: int = 2, timeout: float | N
 
 
 def _supervise(command: list[str], env: dict[str, str], run: _Run, timeout: float | None) -> tuple[int, float]:
-    """Start torchrun, route its merged output line by line, and kill everything on timeout or interrupt."""
+    """Start torchrun, route its merged output line by line, and stop everything on timeout or interrupt.
+
+    It ends when torchrun exits, not when its output pipe closes: a child a rank left running may hold the pipe
+    open forever (it is killed here, then what is left in the pipe is read)."""
     start = time.perf_counter()
+    # A session of its own: Ctrl-C in a terminal reaches only this process, which then stops the run itself.
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, bufsize=1, start_new_session=True)
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def pump() -> None:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            lines.put(line.rstrip("\n"))
-        lines.put(None)
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    lines = _Lines(proc.stdout.fileno(), run.take)  # type: ignore[union-attr]
     deadline = None if timeout is None else start + timeout
+    timed_out = False
     try:
-        while True:
-            wait = 0.1 if deadline is None else max(0.0, min(0.1, deadline - time.perf_counter()))
-            try:
-                line = lines.get(timeout=wait)
-            except queue.Empty:
-                if deadline is not None and time.perf_counter() >= deadline:
-                    _kill_all(proc, run)
-                    _drain(lines, run)
-                    raise _timeout_error(run, timeout)
-                continue
-            if line is None:
-                break
-            run.take(line)
-        proc.wait()
-    except BaseException:  # KeyboardInterrupt (kernel interrupt) or our own TorchrunError
-        _kill_all(proc, run)
+        while proc.poll() is None and not timed_out:
+            left = None if deadline is None else deadline - time.perf_counter()
+            timed_out = left is not None and left <= 0
+            lines.read(0.1 if left is None else max(0.0, min(0.1, left)))
+        _stop(proc, run)  # torchrun has exited, or time is up: whatever of the run still runs must go
+        lines.drain(KILL_GRACE_S)
+    except BaseException:  # KeyboardInterrupt (kernel interrupt), SystemExit (a signal handler)
+        _stop(proc, run)
         raise
-    if proc.returncode != 0:
-        _kill_all(proc, run)  # torchrun stops the other ranks itself; make sure, then verify nothing remains
+    finally:
+        proc.stdout.close()  # type: ignore[union-attr]
+    if timed_out:
+        raise timeout_error(run, timeout)
     return proc.returncode, time.perf_counter() - start
 
 
-def _drain(lines: queue.Queue, run: _Run) -> None:
-    while True:
-        try:
-            line = lines.get(timeout=0.5)
-        except queue.Empty:
+class _Lines:
+    """torchrun's merged output as lines, read without blocking for longer than asked and without trusting its
+    bytes to be UTF-8 (a rank may write anything to its stdout)."""
+
+    def __init__(self, fd: int, take: Callable[[str], None]):
+        self.fd, self.take, self.pending, self.eof = fd, take, b"", False
+        self.poller = select.poll()  # not select(): a long-lived kernel may hold more than 1024 descriptors
+        self.poller.register(fd, select.POLLIN)
+
+    def read(self, wait_s: float) -> None:
+        if self.eof:
+            time.sleep(wait_s)
             return
-        if line is None:
+        if not self.poller.poll(wait_s * 1000):
             return
-        run.take(line)
+        chunk = os.read(self.fd, 1 << 16)
+        if not chunk:
+            self.eof, chunk = True, b"\n" if self.pending else b""
+        *complete, self.pending = (self.pending + chunk).split(b"\n")
+        for line in complete:
+            self.take(line.decode("utf-8", errors="replace"))
+
+    def drain(self, grace_s: float) -> None:
+        """Read what is left, until the pipe closes or `grace_s` seconds have passed."""
+        end = time.monotonic() + grace_s
+        while not self.eof and (left := end - time.monotonic()) > 0:
+            self.read(min(0.1, left))
 
 
-def _kill_all(proc: subprocess.Popen, run: _Run) -> None:
-    """SIGTERM torchrun's group and every rank (each rank is in its own session), then SIGKILL leftovers."""
-    victims = [proc.pid, *run.pids()]
-    def running() -> bool:
-        return proc.poll() is None or any(_alive(pid) for pid in victims[1:])
-
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in victims:
-            try:
-                if pid == proc.pid:
-                    os.killpg(pid, sig)
-                else:
-                    os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        end = time.perf_counter() + KILL_GRACE_S
-        while time.perf_counter() < end and running():
-            time.sleep(0.05)
-        if not running():
-            return
-
-
-def _alive(pid: int) -> bool:
+def _stop(proc: subprocess.Popen, run: _Run) -> None:
+    """End torchrun, every rank and everything they started: SIGTERM, then SIGKILL after KILL_GRACE_S."""
+    if proc.poll() is None:
+        proc.terminate()  # Popen never signals a PID it has already reaped
+    _procs.stop(lambda: _procs.run_members(run.run_id), KILL_GRACE_S)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie (exited, not yet reaped by torchrun) is not running
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return True
+        proc.wait(KILL_GRACE_S)
+    except subprocess.TimeoutExpired:  # only without /proc, where the scan above finds nothing
+        proc.kill()
+        proc.wait()
 
 
-def _failure(run: _Run, returncode: int) -> TorchrunError:
-    """Name the rank whose failure caused the others', show its traceback, and list the ranks left stuck."""
-    errors = {e["rank"]: e for e in (json.loads(p.read_text()) for p in run.run_dir.glob("rank*.error"))}
-    exit_codes = _torchrun_exit_codes("\n".join(run.launcher))
-    outputs = run.texts()
-    # A rank killed by a signal (OOM killer, segfault, kill -9) writes no error; the others then fail only
-    # because it vanished ("connection closed by peer"), so it is the cause, whichever failure torchrun saw
-    # first. SIGTERM is torchrun's own clean-up of the survivors, a cause only when nobody raised.
-    killed = [(rank, code) for rank, code in exit_codes.items() if code < 0 and rank not in errors
-              and not (code == -signal.SIGTERM and errors)]
-    if killed:
-        rank, code = min(killed)
-        name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
-        last = outputs.get(rank, "").strip().splitlines()[-5:]
-        tail = ("\nits last lines:\n" + "\n".join(last)) if last else ""
-        return TorchrunError(f"rank {rank} was killed by signal {name} before raising a Python error; "
-                             f"the other ranks were stopped{tail}", rank, "", outputs)
-    if not errors:
-        return TorchrunError(f"torchrun exited with code {returncode} and no rank reported an error:\n"
-                             + "\n".join(run.launcher[-20:]), min(exit_codes, default=None), "", outputs)
-    # The earliest error is the cause, except that a rank whose peer vanished ("connection closed/reset by
-    # peer") is only a consequence: the peer's own error (often a timeout) can be written a moment later.
-    first = min(errors.values(), key=lambda e: (_is_consequence(e["traceback"]), e["time"]))
-    others = sorted(r for r in errors if r != first["rank"])
-    also = f" (then rank(s) {others} failed too)" if others else ""
-    stuck = _stuck_ranks(run)
-    if first["timed_out"] and stuck:
-        also += f"; rank(s) {stuck} never got that far"
-    message = f"rank {first['rank']} failed{also}:\n{first['traceback'].rstrip()}"
-    return TorchrunError(message, first["rank"], first["traceback"], outputs, first["timed_out"])
+def call_with_timeout(fn: Callable[[], T], timeout: float | None) -> T:
+    """`fn()` in this process, stopped with a `TorchrunError(timed_out=True)` after `timeout` seconds of wall-clock
+    time (None: no limit): the launcher's limit, for runs that stay in process (a world of one).
 
+    Uses SIGALRM, so it needs the main thread, and it stops at the next Python line: a single long C call
+    (one huge matmul) finishes first."""
+    timeout = check_timeout(timeout)
+    if timeout is None:
+        return fn()
+    if threading.current_thread() is not threading.main_thread():
+        raise ValueError("a timeout on an in-process run needs the main thread; call it there or pass timeout=None")
 
-def _is_consequence(traceback_text: str) -> bool:
-    return any(words in traceback_text for words in CONSEQUENCES)
+    def expire(signum: int, frame: Any) -> None:
+        raise TorchrunError(f"timed out after {timeout:g} s and was stopped. If the run is just slow, raise the "
+                            "limit (`--timeout N`, `timeout=N`; None: no limit).", None, timed_out=True)
 
-
-def _torchrun_exit_codes(report: str) -> dict[int, int]:
-    """{rank: exit code} of every failed rank in torchrun's ChildFailedError report ("rank : 1 ..." then
-    "exitcode : -9 ..." in each block)."""
-    blocks = re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", report)
-    return {int(rank): int(code) for rank, code in blocks}
-
-
-def _stuck_ranks(run: _Run) -> list[int]:
-    """Ranks that started but neither finished nor raised: where a deadlock usually is."""
-    def ranks(suffix: str) -> set[int]:
-        return {int(p.name[4:-len(suffix)]) for p in run.run_dir.glob(f"rank*{suffix}")}
-
-    return sorted(ranks(".pid") - ranks(".error") - ranks(".done"))
-
-
-def _timeout_error(run: _Run, timeout: float | None) -> TorchrunError:
-    stuck = _stuck_ranks(run) or list(range(run.nproc))
-    message = (f"timed out after {timeout:g} s; every rank was killed. Ranks still running: {stuck}. "
-               "A rank that never reaches a collective the others wait in (a different order, a missing call, "
-               "an endless loop) is the usual cause.")
-    return TorchrunError(message, None, "", run.texts(), timed_out=True)
-
-
-def run_cell_magic(line: str, cell: str, user_ns: dict[str, Any]) -> TorchrunResult:
-    """`%%torchrun -n N [--timeout S] [--backend B] [--rank R] [-- args]` — see the module docstring."""
-    import argparse
-
-    from partrain_edu.notebook import LiveOutput
-
-    parser = argparse.ArgumentParser(prog="%%torchrun", add_help=False, exit_on_error=False)
-    parser.add_argument("-n", "--nproc", type=int, default=2)
-    parser.add_argument("--timeout", type=float, default=None)
-    parser.add_argument("--backend", choices=["auto", "gloo", "nccl"], default=None)
-    parser.add_argument("--rank", type=int, default=None)
-    words = shlex.split(line)
-    script_args = words[words.index("--") + 1:] if "--" in words else []
-    options = parser.parse_args(words[:words.index("--")] if "--" in words else words)
-    live = LiveOutput(show_rank=options.rank)
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
-        result = torchrun(cell, nproc=options.nproc, timeout=options.timeout, args=script_args,
-                          backend=options.backend, show_rank=options.rank, echo=live.line)
-    except TorchrunError as error:
-        live.finish(error.outputs)
-        raise
-    live.finish(result.outputs)
-    user_ns.update(result.published)
-    return result
+        return fn()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
-def load_ipython_extension(ipython) -> None:
-    def torchrun_magic(line: str, cell: str) -> None:
-        run_cell_magic(line, cell, ipython.user_ns)
-
-    ipython.register_magic_function(torchrun_magic, magic_kind="cell", magic_name="torchrun")
+# The cell magic lives with the notebook display; importable from here as before.
+from partrain_edu.notebook import load_ipython_extension, run_cell_magic  # noqa: E402

@@ -18,6 +18,7 @@ Run a cell on 4 ranks from a notebook:
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import pickle
@@ -29,6 +30,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from partrain_edu import topology
+from partrain_edu.topology import Topology
 
 DEFAULT_TIMEOUT_S = 60.0
 # Set by the launcher: the folder where `publish` drops values for the notebook.
@@ -53,10 +57,34 @@ class ParallelContext:
     device: torch.device
     backend: str
     timeout_s: float
+    topology: Topology | None = None   # the named dimensions (dp, tp, pp) and their groups, when asked for
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def with_layout(self, dp: int = 1, tp: int = 1, pp: int = 1, use_mesh: bool = False) -> ParallelContext:
+        """This context with the groups of a dp × tp × pp grid (every rank must call it, with the same sizes)."""
+        built = topology.build({"dp": dp, "tp": tp, "pp": pp}, self.device.type, use_mesh=use_mesh)
+        return dataclasses.replace(self, topology=built)
+
+    def _topology(self) -> Topology:
+        if self.topology is None:
+            raise ValueError("this context has no dp/tp/pp groups: create it with runtime.init(dp=..., tp=..., "
+                             "pp=...) or ctx.with_layout(dp=..., tp=..., pp=...)")
+        return self.topology
+
+    def group(self, dim: str):
+        """The process group of this rank along `dim` ("dp", "tp" or "pp")."""
+        return self._topology().group(dim)
+
+    def ranks(self, dim: str) -> list[int]:
+        """The global ranks of this rank's group along `dim`, in order of that coordinate."""
+        return self._topology().ranks[dim]
+
+    @property
+    def coords(self) -> dict[str, int]:
+        return self._topology().coords
 
 
 def _choose_backend(requested: str, local_world_size: int) -> str:
@@ -70,11 +98,14 @@ def _choose_backend(requested: str, local_world_size: int) -> str:
     return "gloo"
 
 
-def init(backend: str = "auto", timeout: float | None = None) -> ParallelContext:
+def init(backend: str = "auto", timeout: float | None = None, *, dp: int | None = None, tp: int | None = None,
+         pp: int | None = None, use_mesh: bool = False) -> ParallelContext:
     """Create (or re-create) the default process group and return this rank's `ParallelContext`.
 
     `timeout` (seconds) bounds every collective: a teaching deadlock ends in an error that says what
     probably mismatched, instead of a frozen notebook. Default 60 s, or `--timeout` of the launcher.
+    dp/tp/pp (any of them) also build the grid's groups (`topology.build`); a missing size is 1, except dp,
+    which takes the ranks left over.
     """
     if timeout is None:
         timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
@@ -105,7 +136,11 @@ def init(backend: str = "auto", timeout: float | None = None) -> ParallelContext
         # Standalone: a world of one, rendezvous in memory (no port to pick, nothing to collide with).
         dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
     _install_timeout_hint()
-    return ParallelContext(rank, world_size, local_rank, device, chosen, timeout)
+    ctx = ParallelContext(rank, world_size, local_rank, device, chosen, timeout)
+    if dp is None and tp is None and pp is None:
+        return ctx
+    tp, pp = tp or 1, pp or 1
+    return ctx.with_layout(dp=dp or max(world_size // (tp * pp), 1), tp=tp, pp=pp, use_mesh=use_mesh)
 
 
 def shutdown() -> None:

@@ -1,5 +1,6 @@
-"""exercises/ is generated from solutions/ and up to date; `partrain-edu check solutions --json` passes every
-check, `partrain-edu check exercises --json` fails every check cleanly with the NotImplementedError message."""
+"""exercises/ and the grader's manifest are generated from solutions/ and up to date; `partrain-edu check
+solutions --json` passes every check, `partrain-edu check exercises --json` fails every check cleanly with the
+NotImplementedError message."""
 import csv
 import json
 from pathlib import Path
@@ -8,8 +9,9 @@ import nbformat
 
 from partrain_edu.cli import main
 from partrain_edu.grading import check_names
+from partrain_edu.grading.core import spec_of
 from partrain_edu.grading.make_exercises import BEGIN, END, generate
-from partrain_edu.grading.notebook import expected_checks
+from partrain_edu.grading.manifest import EXERCISES
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
@@ -27,9 +29,13 @@ def test_exercises_are_generated_from_solutions_and_up_to_date():
         assert BEGIN not in text and END not in text and "raise NotImplementedError(" in text
 
 
-def test_every_check_is_used_by_a_solution():
-    used = {n for p in SOLUTIONS for n in expected_checks(nbformat.read(p, as_version=4))}
-    assert used == set(check_names())
+def test_the_manifest_owes_every_check_once_with_its_functions():
+    assert list(EXERCISES) == [p.stem for p in SOLUTIONS]
+    owed = [name for checks in EXERCISES.values() for name, _ in checks]
+    assert sorted(owed) == check_names()
+    for checks in EXERCISES.values():
+        for name, functions in checks:
+            spec_of(name, len(functions))  # a ValueError names a check that takes another number of functions
 
 
 def _check(path, tmp_path, capsys) -> tuple[int, dict, list]:

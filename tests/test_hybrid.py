@@ -1,5 +1,5 @@
-"""3D parallelism (issue 9): the (dp, pp, tp) grid by hand and by `init_device_mesh`, `3d` against `single`,
-and each dimension's traffic against the ring cost model.
+"""3D parallelism: the groups of the one rank grid (`theory.grid`) by hand and by `init_device_mesh`, `3d`
+against `single`, and each dimension's traffic against the ring cost model.
 
 One 8-rank launch (2 × 2 × 2) and one 4-rank launch (two layouts in one world) run every check and publish
 the numbers; the tests assert.
@@ -9,10 +9,12 @@ import sys
 
 import pytest
 
+from partrain_edu.config import TrainConfig
 from partrain_edu.launch import torchrun
-from partrain_edu.parallel.hybrid import coordinates, group_ranks, rank_of
+from partrain_edu.theory import grid
 from partrain_edu.theory.traffic import ring_bytes_sent
-from partrain_edu.train import TrainConfig, get_strategy, launch
+from partrain_edu.strategies import get_strategy
+from partrain_edu.train import launch
 
 STEPS, M, GLOBAL_BATCH = 4, 2, 16
 FP32 = 4
@@ -22,8 +24,10 @@ import sys
 from partrain_edu import runtime
 from partrain_edu.comm import CommTracer
 from partrain_edu.data import SyntheticTokens
-from partrain_edu.parallel.hybrid import build_groups, traffic_by_dimension
-from partrain_edu.train import TrainConfig, get_strategy, run, tensor_bytes
+from partrain_edu.parallel.hybrid import traffic_by_dimension
+from partrain_edu.config import TrainConfig
+from partrain_edu.strategies import get_strategy, tensor_bytes
+from partrain_edu.train import run
 import torch.distributed as dist
 
 steps, m = int(sys.argv[1]), int(sys.argv[2])
@@ -33,8 +37,8 @@ ctx = runtime.init()
 out = {"losses": {}, "grids": {}}
 for (dp, tp, pp), name in zip(layouts, strategies):
     key = f"{name}:{dp}x{tp}x{pp}"
-    hand, mesh = build_groups(dp, tp, pp), build_groups(dp, tp, pp, use_mesh=True)
-    out["grids"][key] = {"hand": hand.ranks, "mesh": mesh.ranks, "coords": hand.coords}
+    hand, mesh = ctx.with_layout(dp, tp, pp).topology, ctx.with_layout(dp, tp, pp, use_mesh=True).topology
+    out["grids"][key] = {"hand": hand.ranks, "mesh": mesh.ranks, "coords": hand.coords, "sizes": hand.sizes}
     cfg = TrainConfig(strategy=name, nproc=ctx.world_size, steps=steps, microbatches=m, dp=dp, tp=tp, pp=pp)
     out["losses"][key] = run(ctx, cfg)["losses"]
 # one more step of the last layout under a tracer: what each rank sends along each dimension
@@ -42,9 +46,9 @@ strategy = get_strategy(strategies[-1])(ctx, cfg)
 x, y = SyntheticTokens(cfg.model.vocab_size, cfg.model.seq_len, seed=0).global_batch(0, cfg.global_batch)
 with CommTracer() as tracer:
     strategy.train_step(x, y)
-mine = {"coords": strategy.grid.coords, "layers": list(strategy.stage.layers),
+mine = {"coords": strategy.ctx.coords, "layers": list(strategy.stage.layers),
         "param_bytes": tensor_bytes(strategy.model.parameters()),
-        "traffic": traffic_by_dimension(tracer.records, strategy.grid)}
+        "traffic": traffic_by_dimension(tracer.records, strategy.ctx.topology), "grids": out["grids"]}
 everyone = [None] * ctx.world_size
 dist.all_gather_object(everyone, mine)
 out["ranks"] = everyone
@@ -77,16 +81,6 @@ def _close(losses, reference):
     return max(abs(a - b) / b for a, b in zip(losses, reference)) < 1e-5
 
 
-def test_coordinates_put_tp_innermost():
-    assert [rank_of(**{"d": c["dp"], "s": c["pp"], "t": c["tp"]}, pp=2, tp=2) for c in
-            (coordinates(r, 2, 2, 2) for r in range(8))] == list(range(8))
-    assert group_ranks("tp", 2, 2, 2) == [[0, 1], [2, 3], [4, 5], [6, 7]]   # neighbours: one node
-    assert group_ranks("pp", 2, 2, 2) == [[0, 2], [1, 3], [4, 6], [5, 7]]
-    assert group_ranks("dp", 2, 2, 2) == [[0, 4], [1, 5], [2, 6], [3, 7]]
-    groups = group_ranks("pp", 3, 4, 2)
-    assert sorted(r for g in groups for r in g) == list(range(24)) and all(len(g) == 4 for g in groups)
-
-
 @pytest.mark.parametrize("sizes", [dict(dp=3, tp=2, pp=2), dict(dp=1, tp=2, pp=2)])
 def test_layout_that_does_not_fill_the_world_names_the_fix(sizes):
     with pytest.raises(ValueError, match=r"product is --nproc 8"):
@@ -113,10 +107,14 @@ def test_2x2x2_reproduces_single(eight, single):
     assert len(losses) == STEPS and _close(losses, single), (losses, single)
 
 
-def test_mesh_groups_equal_hand_built_groups(eight, four):
-    for grids in (eight["grids"], four["grids"]):
-        for grid in grids.values():
-            assert grid["hand"] == grid["mesh"]
+def test_every_rank_gets_the_grid_groups_by_hand_and_from_a_device_mesh(eight, four):
+    for result in (eight, four):
+        for rank, r in enumerate(result["ranks"]):
+            for built in r["grids"].values():
+                assert built["coords"] == grid.coordinates(rank, built["sizes"])
+                assert built["hand"] == built["mesh"]
+                assert all(rank in built["hand"][d] and built["hand"][d] in grid.group_ranks(d, built["sizes"])
+                           for d in grid.ORDER)
 
 
 @pytest.mark.parametrize("key", ["3d-mesh:2x2x1", "3d:1x2x2", "3d:2x1x2"])

@@ -2,14 +2,39 @@
 with nothing left running."""
 import _thread
 import json
+import os
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
 from partrain_edu.launch import TorchrunError, run_cell_magic, torchrun
-from conftest import processes_with
+
+MARKER_ENV = "PARTRAIN_TEST_MARKER"
+
+
+def leftovers(marker: str) -> list[int]:
+    """Live processes (not zombies) whose environment or command line holds `marker`. Pass the marker with
+    `env={MARKER_ENV: marker}`: every process of the launch inherits it, whatever session or parent it has now."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            seen = (entry / "environ").read_bytes() + (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if marker.encode() in seen and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def new_marker() -> tuple[str, dict[str, str]]:
+    marker = f"marker-{uuid.uuid4().hex}"
+    return marker, {MARKER_ENV: marker}
 
 ALL_REDUCE = """
 import sys
@@ -28,7 +53,7 @@ import os, signal, sys, time
 import torch, torch.distributed as dist
 from partrain_edu import runtime
 ctx = runtime.init(timeout=5)  # collectives give up after 5 s
-mode = sys.argv[1]  # sys.argv[2] is a marker that lets the test find leftover processes
+mode = sys.argv[1]
 
 def broken_layer():
     raise ValueError("weights of rank 1 have the wrong shape")
@@ -72,12 +97,12 @@ def test_cell_magic_puts_published_values_into_the_namespace(capsys):
 
 
 def _fail(mode: str, timeout: float = 30):
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker, env = new_marker()
     start = time.perf_counter()
     with pytest.raises(TorchrunError) as info:
-        torchrun(FAILING, nproc=2, args=[mode, marker], timeout=timeout, echo=None)
+        torchrun(FAILING, nproc=2, args=[mode], timeout=timeout, echo=None, env=env)
     elapsed = time.perf_counter() - start
-    assert processes_with(marker) == [], "a rank outlived the failed launch"
+    assert leftovers(marker) == [], "a rank outlived the failed launch"
     return info.value, elapsed
 
 
@@ -99,11 +124,18 @@ def test_a_hanging_rank_ends_in_a_collective_timeout_that_names_it():
     assert elapsed < 25  # 5 s collective timeout + start-up, long before the launcher's 40 s
 
 
-def test_the_launcher_timeout_kills_every_rank():
-    error, elapsed = _fail("sleep", timeout=8)  # no collective running: only the launcher can stop them
-    assert error.timed_out and error.rank is None
-    assert "timed out after 8 s" in str(error) and "Ranks still running: [0, 1]" in str(error)
-    assert elapsed < 8 + 8
+def test_the_launcher_timeout_stops_a_rank_looping_outside_any_collective():
+    # No collective is running, so only the launcher's wall-clock limit can stop it; rank 0 finished long before.
+    marker, env = new_marker()
+    spin = "import os\nif os.environ['RANK'] == '1':\n    while True:\n        pass\nprint('done')\n"
+    start = time.perf_counter()
+    with pytest.raises(TorchrunError) as info:
+        torchrun(spin, nproc=2, timeout=15, echo=None, env=env)
+    error, elapsed = info.value, time.perf_counter() - start
+    assert error.timed_out and error.rank is None and error.outputs == {0: "done\n"}
+    assert "timed out after 15 s" in str(error) and "Ranks still running: [1]" in str(error)
+    assert "`%%torchrun --timeout N`" in str(error) and "timeout=None" in str(error)  # how to raise or lift it
+    assert elapsed < 15 + 10 and leftovers(marker) == []
 
 
 def test_a_rank_killed_by_a_signal_is_named():
@@ -113,13 +145,13 @@ def test_a_rank_killed_by_a_signal_is_named():
 
 
 def test_a_kernel_interrupt_kills_every_rank():
-    marker = f"marker-{uuid.uuid4().hex}"
+    marker, env = new_marker()
     timer = threading.Timer(6.0, _thread.interrupt_main)  # what the notebook's stop button does
     timer.start()
     with pytest.raises(KeyboardInterrupt):
-        torchrun(FAILING, nproc=2, args=["sleep", marker], echo=None)
+        torchrun(FAILING, nproc=2, args=["sleep"], echo=None, env=env)
     timer.cancel()
-    assert processes_with(marker) == []
+    assert leftovers(marker) == []
 
 
 def test_two_launches_at_once_do_not_collide():
@@ -137,8 +169,10 @@ def test_two_launches_at_once_do_not_collide():
     assert errors == [] and results == [3.0, 3.0]
 
 
-@pytest.mark.parametrize("kwargs, words", [({"nproc": 0}, "nproc must be"), ({"timeout": -1}, "timeout must"),
-                                           ({"show_rank": 2}, "--rank 2 does not exist")])
+@pytest.mark.parametrize("kwargs, words", [
+    ({"nproc": 0}, "nproc must be"), ({"show_rank": 2}, "--rank 2 does not exist"),
+    *[({"timeout": bad}, "timeout must be a positive, finite number of seconds.*None for no limit")
+      for bad in (-1, 0, float("nan"), float("inf"), "soon")]])
 def test_bad_launch_arguments(kwargs, words):
     with pytest.raises(ValueError, match=words):
         torchrun("print(1)", **{"nproc": 2, **kwargs})
@@ -151,7 +185,7 @@ def test_backend_option_reaches_the_ranks_and_one_rank_works():
 
 
 def test_torchrun_report_parsing_finds_every_failed_rank():
-    from partrain_edu.launch import _torchrun_exit_codes
+    from partrain_edu._diagnose import torchrun_exit_codes
 
     report = """Failures:
 [1]:
@@ -163,16 +197,17 @@ Root Cause (first observed failure):
   rank      : 1 (local_rank: 1)
   exitcode  : -9 (pid: 3208)  (SIGKILL)
 """
-    assert _torchrun_exit_codes(report) == {0: 1, 1: -9}
+    assert torchrun_exit_codes(report) == {0: 1, 1: -9}
 
 
 def test_a_peer_vanished_error_is_never_named_the_cause(tmp_path):
-    from partrain_edu.launch import _failure, _Run
+    from partrain_edu._diagnose import failure
+    from partrain_edu.launch import _Run
 
     run = _Run(2, tmp_path, lambda rank, text: None, None)
     (tmp_path / "rank0.error").write_text(json.dumps({"rank": 0, "time": 1.0, "timed_out": False,
                                                       "traceback": "RuntimeError: Connection closed by peer"}))
     (tmp_path / "rank1.error").write_text(json.dumps({"rank": 1, "time": 1.2, "timed_out": True,
                                                       "traceback": "RuntimeError: Timed out waiting 5000ms"}))
-    error = _failure(run, 1)
+    error = failure(run, 1)
     assert error.rank == 1 and error.timed_out and str(error).startswith("rank 1 failed (then rank(s) [0]")

@@ -7,8 +7,11 @@ import torch
 
 from partrain_edu import runtime
 from partrain_edu.data import SyntheticTokens
-from partrain_edu.parallel.naive_dp import NaiveDataParallel, device0_bytes, in_threads
-from partrain_edu.train import Single, TrainConfig, launch, tensor_bytes
+from partrain_edu.config import TrainConfig
+from partrain_edu.strategies import tensor_bytes
+from partrain_edu.strategies.naive_dp import NaiveDataParallel, device0_bytes, in_threads
+from partrain_edu.strategies.single import Single
+from partrain_edu.train import launch
 
 STEPS = 4
 CTX = runtime.ParallelContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo",

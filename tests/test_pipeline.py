@@ -7,12 +7,14 @@ Timings are printed (measured bubble beside the formula), never asserted.
 """
 import pytest
 
+from partrain_edu.config import TrainConfig
 from partrain_edu.launch import TorchrunError, torchrun
 from partrain_edu.models import GPTConfig, TinyGPT
-from partrain_edu.parallel.pipeline import split_layers
 from partrain_edu.theory.schedules import build_schedule, simulate
 from partrain_edu.theory.traffic import step_traffic
-from partrain_edu.train import TrainConfig, get_strategy, launch
+from partrain_edu.strategies import get_strategy
+from partrain_edu.strategies.pipeline import split_tinygpt
+from partrain_edu.train import launch
 from partrain_edu.viz.pipeline import inflight_curves, pipeline_figure
 
 STEPS, GLOBAL_BATCH, T, H, FP32 = 3, 16, 32, 64, 4
@@ -20,8 +22,9 @@ STEPS, GLOBAL_BATCH, T, H, FP32 = 3, 16, 32, 64, 4
 RANK_SCRIPT = r'''
 import sys
 from partrain_edu import runtime
-from partrain_edu.parallel.pipeline import profile_step
-from partrain_edu.train import TrainConfig, run
+from partrain_edu.config import TrainConfig
+from partrain_edu.strategies.pipeline import profile_step
+from partrain_edu.train import run
 
 m, steps, runs, profiled = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(","), sys.argv[4].split(",")
 ctx = runtime.init()
@@ -125,23 +128,23 @@ def test_pipeline_layout_and_split():
     with pytest.raises(ValueError, match="--pp equal to --nproc"):
         get_strategy("pp-1f1b").layout(TrainConfig("pp-1f1b", nproc=2, pp=2, dp=2))
     model = TinyGPT(GPTConfig())
-    assert split_layers(model, 2) == [(0, 2), (2, 4)]   # balanced by parameter count
-    assert split_layers(model, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
-    assert split_layers(model, 2, boundaries=[1]) == [(0, 1), (1, 4)]
+    assert split_tinygpt(model, 2) == [(0, 2), (2, 4)]   # balanced by parameter count
+    assert split_tinygpt(model, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert split_tinygpt(model, 2, boundaries=[1]) == [(0, 1), (1, 4)]
     with pytest.raises(ValueError, match="boundaries must be 1 increasing"):
-        split_layers(model, 2, boundaries=[4])
+        split_tinygpt(model, 2, boundaries=[4])
     with pytest.raises(ValueError, match="at most 4 stages"):
-        split_layers(model, 5)
+        split_tinygpt(model, 5)
 
 
 def test_stages_must_agree_on_shapes():
     import torch
 
     from partrain_edu import runtime
-    from partrain_edu.parallel.pp_comm import Mailbox, agree_on_shapes
+    from partrain_edu.parallel.pp_comm import Boundary, Mailbox, agree_on_shapes
 
     with pytest.raises(ValueError, match="does not match the agreed"):  # checked before anything is sent
-        Mailbox((2, T, H), microbatches=8, virtual_stages=2).send(torch.zeros(4, T, H), 1, "F", 0, 1)
+        Mailbox([Boundary((2, T, H))], microbatches=8).send(torch.zeros(4, T, H), 1, "F", 0, 1)
     runtime.init()
     try:
         with pytest.raises(ValueError, match="do not join up"):
@@ -154,8 +157,8 @@ def test_stages_must_agree_on_shapes():
 FAILING_STAGE = r'''
 from partrain_edu import runtime
 from partrain_edu.data import SyntheticTokens
-from partrain_edu.parallel.pipeline import OneFOneB
-from partrain_edu.train import TrainConfig
+from partrain_edu.config import TrainConfig
+from partrain_edu.strategies.pipeline import OneFOneB
 
 ctx = runtime.init()
 strategy = OneFOneB(ctx, TrainConfig("pp-1f1b", nproc=2, microbatches=4))

@@ -9,12 +9,15 @@ import sys
 
 import pytest
 
+from partrain_edu.config import TrainConfig
 from partrain_edu.launch import torchrun
 from partrain_edu.models import GPTConfig, TinyGPT
-from partrain_edu.parallel.tensor import check_divisible, plan_style
+from partrain_edu.parallel.tensor import check_plan
+from partrain_edu.strategies.tensor import TP_PLAN, check_divisible
 from partrain_edu.theory.memory import activation_bytes_per_layer
 from partrain_edu.theory.traffic import ring_bytes_sent, step_traffic
-from partrain_edu.train import TrainConfig, get_strategy, launch
+from partrain_edu.strategies import get_strategy
+from partrain_edu.train import launch
 
 FP32, STEPS = 4, 8
 B, T, H, HEADS, LAYERS, GLOBAL_BATCH = 4, 32, 64, 4, 4, 16  # the mechanics use a batch of 4; training uses 16
@@ -33,9 +36,12 @@ from partrain_edu.comm import CommTracer
 from partrain_edu.data import SyntheticTokens
 from partrain_edu.models import TinyGPT
 from partrain_edu.parallel.sequence import SequenceParallelRegion, layer_activation_bytes
-from partrain_edu.parallel.tensor import TensorParallelRegion, full_slice, parallelize, vocab_parallel_cross_entropy
-from partrain_edu.parallel.torch_tp import FunctionalCollectiveCounter, parallelize_tinygpt
-from partrain_edu.train import TrainConfig, run
+from partrain_edu.parallel.tensor import TensorParallelRegion, full_slice, vocab_parallel_cross_entropy
+from partrain_edu.comm_adapters import FunctionalCollectiveCounter
+from partrain_edu.config import TrainConfig
+from partrain_edu.strategies.tensor import parallelize_tinygpt
+from partrain_edu.strategies.torch_tp import dtensor_parallelize_tinygpt
+from partrain_edu.train import run
 
 steps, runs = int(sys.argv[1]), sys.argv[2].split(",")
 ctx = runtime.init()
@@ -70,7 +76,7 @@ def one_layer(model, sequence_parallel):
 
 
 for name, region in [("tp", TensorParallelRegion(group)), ("tp-sp", SequenceParallelRegion(group))]:
-    model = parallelize(TinyGPT(), region)
+    model = parallelize_tinygpt(TinyGPT(), region)
     tracer = CommTracer()
     with tracer:
         with tracer.label("forward"), region.saving():
@@ -92,11 +98,11 @@ h = torch.randn(4, 32, 64)
 out["activations"] = {}
 for name, region in [("tp", TensorParallelRegion(group)), ("sp", SequenceParallelRegion(group)),
                      ("sp-no-regather", SequenceParallelRegion(group, regather=False))]:
-    block = parallelize(TinyGPT(), region).blocks[0]
+    block = parallelize_tinygpt(TinyGPT(), region).blocks[0]
     shard = h.chunk(t, 1)[me] if region.sequence_parallel else h
     out["activations"][name] = layer_activation_bytes(block, shard, region).total
 
-model = parallelize_tinygpt(TinyGPT(), init_device_mesh("cpu", (t,)))
+model = dtensor_parallelize_tinygpt(TinyGPT(), init_device_mesh("cpu", (t,)))
 counter = FunctionalCollectiveCounter()
 with counter, loss_parallel():
     loss = TinyGPT.loss(model(x), y)
@@ -140,9 +146,11 @@ def ranks(request, tmp_path_factory):
 def full_split_bytes():
     """Parameter bytes of the full TinyGPT that the plan splits, and those it leaves whole on every rank."""
     split = whole = 0
-    for name, module in TinyGPT().named_modules():
+    model = TinyGPT()
+    styles = check_plan(model, TP_PLAN, tp=1)
+    for name, module in model.named_modules():
         for pname, p in module.named_parameters(recurse=False):
-            style = plan_style(name)
+            style = styles.get(name)
             is_split = style is not None and not (style == "rowwise" and pname == "bias")  # added after the sum
             split, whole = (split + p.numel() * FP32, whole) if is_split else (split, whole + p.numel() * FP32)
     return split, whole
@@ -248,11 +256,11 @@ def test_the_cli_trains_tp_and_reports_the_contract(single):
 
 
 @pytest.mark.parametrize("cfg, tp, sp, words", [
-    (GPTConfig(), 3, False, "--tp 3 does not divide the hidden size (64): every rank needs an equal slice; "
-                            "use --tp 1, 2, 4"),
-    (GPTConfig(), 8, False, "--tp 8 does not divide the number of attention heads (4)"),
-    (GPTConfig(vocab_size=130), 4, False, "--tp 4 does not divide the vocabulary (130)"),
-    (GPTConfig(seq_len=30), 4, True, "--tp 4 does not divide the sequence length (30)"),
+    (GPTConfig(), 3, False, "tp=3 does not divide the hidden size (64): every rank needs an equal slice; "
+                            "use tp=1, 2, 4"),
+    (GPTConfig(), 8, False, "tp=8 does not divide the number of attention heads (4)"),
+    (GPTConfig(vocab_size=130), 4, False, "tp=4 does not divide the vocabulary (130)"),
+    (GPTConfig(seq_len=30), 4, True, "tp=4 does not divide the sequence length (30)"),
 ])
 def test_sizes_that_do_not_divide_name_the_fix(cfg, tp, sp, words):
     with pytest.raises(ValueError, match="^" + words.replace("(", r"\(").replace(")", r"\)")):

@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -77,6 +78,8 @@ def test_people_get_a_table():
     (["--strategy", "torch-ddp", "--nproc", "2", "--tp", "2"], "data parallel only"),
     (["--strategy", "single", "--global-batch", "-4"], "--global-batch must be a positive integer"),
     (["--strategy", "single", "--steps", "ten"], "invalid int value: 'ten'"),
+    (["--strategy", "single", "--timeout", "-1"], "--timeout must be a positive, finite number of seconds"),
+    (["--strategy", "torch-ddp", "--nproc", "2", "--timeout", "nan"], "--timeout must be a positive, finite"),
 ])
 def test_bad_input_exits_2_with_one_line(args, words):
     done = cli("train", *args, "--json")
@@ -84,3 +87,11 @@ def test_bad_input_exits_2_with_one_line(args, words):
     assert done.stdout == ""
     assert words in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_timeout_stops_an_in_process_strategy_too():
+    """`single` runs in the caller's process: the limit still holds, and says how to raise it."""
+    start = time.perf_counter()
+    done = cli("train", "--strategy", "single", "--steps", "100000", "--timeout", "3", "--json")
+    assert done.returncode == 1 and "timed out after 3 s" in done.stderr and "--timeout" in done.stderr
+    assert time.perf_counter() - start < 30

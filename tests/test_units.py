@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from partrain_edu.units import format_bytes, format_count, parse_size
+from partrain_edu.units import MAX_SIZE, format_bytes, format_count, parse_size
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -46,7 +46,29 @@ def test_parse_size_rejects_with_one_line_naming_the_fix(bad):
 def test_parse_size_round_trips_integers(n):
     assert parse_size(str(n)) == n
     assert parse_size(f"{n}K") == n * 1000
-    assert parse_size(f"{n} GiB") == n * 2**30
+    if n * 2**30 <= MAX_SIZE:
+        assert parse_size(f"{n} GiB") == n * 2**30
+
+
+@pytest.mark.parametrize("text", ["1e18", "1000PB", "1e6T", 10**18, 1e18])
+def test_parse_size_accepts_the_limit(text):
+    assert parse_size(text) == MAX_SIZE == 10**18
+
+
+@pytest.mark.parametrize("big", ["1e400", "9e99999", "1.0000000000000000001e18", "1001PB", "931322575GiB", "1e19",
+                                 10**18 + 1, 1e300])
+def test_parse_size_refuses_sizes_beyond_the_limit_in_one_line(big):
+    """Sizes beyond float range used to crash the tables (decimal.InvalidOperation, OverflowError)."""
+    with pytest.raises(ValueError, match="above the limit of 1e18") as err:
+        parse_size(big)
+    assert "\n" not in str(err.value) and "7.5B" in str(err.value)
+
+
+def test_parse_size_refuses_exponents_decimal_cannot_hold():
+    with pytest.raises(ValueError, match="cannot read"):
+        parse_size("1e99999999999999999999")
+    with pytest.raises(ValueError, match="rounds to 0"):
+        parse_size("1e-99999999")
 
 
 @pytest.mark.parametrize("n, text", [
@@ -70,6 +92,12 @@ def test_format_bytes(n, text):
 ])
 def test_format_count(n, text):
     assert format_count(n) == text
+
+
+def test_formatting_never_fails_on_huge_numbers():
+    """The default Decimal context (28 digits) made quantize fail from about 1e43 B."""
+    assert format_bytes(10**50) == f"{10**35}.0 PB"
+    assert format_count(10**50) == f"{10**38}T"
 
 
 @given(st.integers(min_value=1000, max_value=10**17))

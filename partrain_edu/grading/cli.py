@@ -1,52 +1,113 @@
-"""The `check` subcommand of `partrain-edu`: grade exercise notebooks headlessly.
+"""The `check` subcommand of `partrain-edu`: grade exercise notebooks headlessly, untrusted ones included.
 
     partrain-edu check exercises/01_ring_all_reduce.ipynb
-    partrain-edu check submissions/ --json --csv grades.csv
+    partrain-edu check submissions/ --csv grades.csv [--timeout 600] [--exercise 03_memory_zero_stage] [--json]
 
-`--json` prints {"notebooks": [{"path", "score", "checks": [{"name", "passed", "message"}]}]} (DESIGN.md).
-Exit 0 when every check passed, 1 when any failed; a missing path or a non-notebook raises ValueError, which
-`partrain_edu/cli.py` turns into exit 2.
+Each notebook is graded in a sandbox against the instructor's checks for the exercise it is named after
+(grader.py); one line on stderr says which isolation this machine allowed. `--timeout` is the wall-clock limit
+of one notebook, its cells and checks together, in whole seconds (a fraction is rounded up). The --csv file is
+opened before any grading and gets each notebook's rows as soon as it is graded, so a bad path fails at once
+and an interrupted run keeps what it graded. `--json` prints {"notebooks": [{"path", "exercise", "score",
+"seconds", "checks": [{"name", "passed", "message"}], "error"?}], "isolation"} (DESIGN.md).
+Exit 0 when every check passed, 1 when any failed; bad input raises ValueError, which `partrain_edu/cli.py`
+turns into one line and exit 2 (argparse errors exit 2 the same way).
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+import math
 import sys
+from pathlib import Path
+
+
+def seconds(text: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive, finite number of seconds per notebook")
+    return math.ceil(value)
+
+
+class Gradebook:
+    """The CSV: one row per check (notebook, score, check, passed, first line of the message), flushed as
+    each notebook finishes."""
+
+    def __init__(self, path: str):
+        try:
+            self._file = open(path, "w", newline="", encoding="utf-8")
+        except OSError as err:
+            raise ValueError(f"cannot write the gradebook {path}: {err.strerror or err} "
+                             "(--csv needs a file in a folder that exists)") from None
+        self._writer = csv.writer(self._file)
+        self._writer.writerow(["notebook", "score", "check", "passed", "message"])
+        self._file.flush()
+
+    def add(self, nb: dict) -> None:
+        for c in nb["checks"] or [{"name": "", "passed": False, "message": nb.get("error") or "no checks"}]:
+            message = " ".join(c["message"].split())
+            self._writer.writerow([nb["path"], nb["score"], c["name"], int(c["passed"]), message])
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _print_notebook(nb: dict) -> None:
+    passed = sum(c["passed"] for c in nb["checks"])
+    print(f"{nb['path']}: score {nb['score']:.2f} ({passed}/{len(nb['checks'])} checks passed)"
+          + (f" — {nb['error']}" if nb.get("error") else ""))
+    for c in nb["checks"]:
+        first = c["message"].splitlines()[0] if c["message"] else ""
+        print(f"  {'PASS' if c['passed'] else 'FAIL'} {c['name']}: {first}")
+        if not c["passed"]:
+            print("\n".join("       " + line for line in c["message"].splitlines()[1:4]))
+    sys.stdout.flush()
 
 
 def run_check_command(args: argparse.Namespace) -> int:
-    from partrain_edu.grading.notebook import grade_notebook, notebooks_in, write_csv
+    from partrain_edu.grading.grader import grade_notebook
+    from partrain_edu.grading.manifest import EXERCISES
+    from partrain_edu.grading.notebook import exercise_of, notebooks_in
+    from partrain_edu.grading.sandbox import isolation_for
 
     paths = notebooks_in(args.path)
-    if args.timeout <= 0:
-        raise ValueError(f"--timeout must be a positive number of seconds per cell, got {args.timeout:g}")
+    if args.exercise is not None and args.exercise not in EXERCISES:
+        raise ValueError(f"unknown exercise {args.exercise!r}: pick one of {', '.join(EXERCISES)}")
+    gradebook = Gradebook(args.csv) if args.csv else None
     notebooks = []
-    for path in paths:
-        if not args.json:
-            print(f"grading {path} ...", file=sys.stderr)
-        notebooks.append(grade_notebook(path, timeout=args.timeout))
-    report = {"notebooks": notebooks}
-    if args.csv:
-        write_csv(report, args.csv)
+    try:
+        folder = Path(args.path) if Path(args.path).is_dir() else Path(args.path).parent
+        isolation = isolation_for(folder, paths[0])
+        print(f"isolation: {isolation.summary}", file=sys.stderr)
+        for path in paths:
+            if not args.json:
+                print(f"grading {path} ...", file=sys.stderr)
+            nb = grade_notebook(path, args.exercise or exercise_of(path), isolation, args.timeout)
+            notebooks.append(nb)
+            if gradebook:
+                gradebook.add(nb)
+            if not args.json:
+                _print_notebook(nb)
+    finally:
+        if gradebook:
+            gradebook.close()
     if args.json:
-        print(json.dumps(report))
-    else:
-        for nb in notebooks:
-            passed = sum(c["passed"] for c in nb["checks"])
-            print(f"{nb['path']}: score {nb['score']:.2f} ({passed}/{len(nb['checks'])} checks passed)")
-            for c in nb["checks"]:
-                first = c["message"].splitlines()[0] if c["message"] else ""
-                print(f"  {'PASS' if c['passed'] else 'FAIL'} {c['name']}: {first}")
-                if not c["passed"]:
-                    print("\n".join("       " + line for line in c["message"].splitlines()[1:4]))
-    all_passed = all(c["passed"] for nb in notebooks for c in nb["checks"]) and all(nb["checks"] for nb in notebooks)
+        print(json.dumps({"notebooks": notebooks, "isolation": isolation.summary}))
+    all_passed = all(nb["checks"] and all(c["passed"] for c in nb["checks"]) for nb in notebooks)
     return 0 if all_passed else 1
 
 
 def add_subcommands(subparsers) -> None:
-    p = subparsers.add_parser("check", help="run exercise notebooks headlessly and grade their checks")
+    p = subparsers.add_parser("check", help="grade exercise notebooks headlessly (in a sandbox when root)")
     p.add_argument("path", help="a notebook, or a folder of notebooks (submissions)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--csv", default=None, help="also write one row per check to this CSV file (gradebook)")
-    p.add_argument("--timeout", type=float, default=600, help="seconds one cell may run (default 600)")
+    p.add_argument("--timeout", type=seconds, default=600,
+                   help="wall-clock seconds one notebook may take, cells and checks together (default 600)")
+    p.add_argument("--exercise", default=None,
+                   help="grade every notebook as this exercise (default: the exercise each file is named after)")
     p.set_defaults(func=run_check_command)

@@ -1,10 +1,12 @@
 """The check registry, the in-process / on-N-ranks runner, and the pass/fail report.
 
 A check is registered with `@register(name, nproc=N)`. In-process checks (nproc 0) are called with the
-learner's objects and return a list of problems (strings; empty = pass). Multi-rank checks live in
-`rank_checks.py`: the learner's functions travel to the ranks as source code (`inspect.getsource`), each rank
-runs the check body and returns its problems, and rank 0 publishes everyone's. A rank that raises (the
-exercise's NotImplementedError, a TypeError) or a run that hangs becomes a problem naming the rank.
+learner's objects and return a list of problems (strings; empty = pass); they call the learner's functions with
+plain data only (ints, lists, dicts) and read plain data back, so that `partrain-edu check` can run them in the
+grader while the learner's functions run in a sandbox (grader.py). Multi-rank checks live in `rank_checks.py`:
+the learner's functions travel to the ranks as source code (`Source`), each rank runs the check body and
+returns its problems, and rank 0 publishes everyone's. A rank that raises (the exercise's NotImplementedError,
+a TypeError) or a run that hangs becomes a problem naming the rank.
 """
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ import ast
 import contextlib
 import inspect
 import json
-import os
 import signal
 import tempfile
 import textwrap
@@ -21,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-LOG_ENV = "PARTRAIN_GRADING_LOG"  # a file: every check appends one JSON line (used by `partrain-edu check`)
 DEFAULT_TIMEOUT_S = 60.0
+_deferred = False  # set by the grading kernel (kernel.py): there the grader runs every check itself, afterwards
 
 
 @dataclass
@@ -31,6 +32,10 @@ class CheckResult:
     passed: bool
     message: str
     details: dict = field(default_factory=dict)
+
+
+class LearnerError(Exception):
+    """A rank failed or hung, or the learner's code misbehaved; the message is already worded for the learner."""
 
 
 @dataclass(frozen=True)
@@ -69,34 +74,47 @@ def _not_implemented(exc: BaseException) -> str:
             "replace the `raise NotImplementedError(...)` line with your code")
 
 
-def run_check(name: str, *objects: Any, timeout: float | None = None) -> CheckResult:
-    """Grade without raising: the CheckResult of check `name` on the learner's `objects`."""
+def spec_of(name: str, count: int) -> _Check:
+    """The registered check `name`, after making sure it takes `count` learner functions."""
     _load_checks()
     if name not in CHECKS:
         raise ValueError(f"unknown check {name!r}; pick one of: {', '.join(check_names())}")
     spec = CHECKS[name]
-    if len(objects) != spec.arity:
-        raise ValueError(f"check {name!r} takes {spec.arity} function(s) of yours, got {len(objects)}")
+    if count != spec.arity:
+        raise ValueError(f"check {name!r} takes {spec.arity} function(s) of yours, got {count}")
+    return spec
+
+
+def run_check(name: str, *objects: Any, timeout: float | None = None) -> CheckResult:
+    """Grade without raising: the CheckResult of check `name` on the learner's `objects`."""
+    spec = spec_of(name, len(objects))
+    limit = timeout or DEFAULT_TIMEOUT_S
+    if spec.nproc == 0:
+        def run() -> list[str]:
+            with time_limit(limit, name):
+                return spec.fn(*objects)
+        return graded(spec, run)
+    return graded(spec, lambda: _run_on_ranks(spec, objects, limit))
+
+
+def graded(spec: _Check, run: Callable[[], list[str]]) -> CheckResult:
+    """The verdict of `run()` (the check's problems), with the learner's errors turned into problems."""
     try:
-        if spec.nproc == 0:
-            with _time_limit(timeout or DEFAULT_TIMEOUT_S, name):
-                problems = spec.fn(*objects)
-        else:
-            problems = _run_on_ranks(spec, objects, timeout or DEFAULT_TIMEOUT_S)
+        problems = run()
     except NotImplementedError as exc:
         problems = [_not_implemented(exc)]
-    except _LearnerError as exc:
+    except LearnerError as exc:
         problems = [str(exc)]
     except Exception as exc:  # the learner's code crashed in-process: report it, do not kill the kernel
         problems = [f"your code raised {type(exc).__name__}: {exc}"]
     if problems:
-        return CheckResult(name, False, f"✗ {name} failed:\n  - " + "\n  - ".join(problems),
+        return CheckResult(spec.name, False, f"✗ {spec.name} failed:\n  - " + "\n  - ".join(problems),
                            {"problems": problems})
-    return CheckResult(name, True, f"✓ {name} passed: {spec.summary}")
+    return CheckResult(spec.name, True, f"✓ {spec.name} passed: {spec.summary}")
 
 
 @contextlib.contextmanager
-def _time_limit(seconds: float, name: str):
+def time_limit(seconds: float, name: str):
     """Stop an in-process check whose learner code loops forever (SIGALRM; only in the main thread on Unix)."""
     usable = hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread()
     if not usable:
@@ -104,7 +122,7 @@ def _time_limit(seconds: float, name: str):
         return
 
     def expired(signum, frame):
-        raise _LearnerError(f"your code ran longer than {seconds:g} s: an endless loop? (check {name!r})")
+        raise LearnerError(f"your code ran longer than {seconds:g} s: an endless loop? (check {name!r})")
 
     previous = signal.signal(signal.SIGALRM, expired)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -118,39 +136,43 @@ def _time_limit(seconds: float, name: str):
 def check(name: str, *objects: Any, timeout: float | None = None) -> None:
     """Grade the learner's `objects` with check `name`: print a pass, or raise AssertionError that says why.
     Returns nothing, so a notebook cell shows only the verdict (`run_check` returns the CheckResult)."""
+    if _deferred:
+        print(f"check {name!r}: the grader runs it after your notebook")
+        return
     result = run_check(name, *objects, timeout=timeout)
-    _log(result)
     if not result.passed:
         raise AssertionError(result.message)
     print(result.message)
 
 
-def _log(result: CheckResult) -> None:
-    path = os.environ.get(LOG_ENV)
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps({"name": result.name, "passed": result.passed, "message": result.message}) + "\n")
+def defer_checks() -> None:
+    """Make `check` a no-op in this process (the grading kernel's): the grader runs the checks itself."""
+    global _deferred
+    _deferred = True
 
 
 # --- running a check on N ranks -------------------------------------------------------------------------
 
-class _LearnerError(Exception):
-    """A rank failed or hung; the message is already worded for the learner."""
+@dataclass(frozen=True)
+class Source:
+    """A learner's function as text: what travels to the ranks (and from the grading kernel to the grader)."""
+    name: str
+    text: str
 
 
-def source_of(obj: Any) -> str:
+def source_of(obj: Any) -> Source:
     """The source of a learner's function (a notebook cell's function works: IPython keeps cells in linecache)."""
-    if isinstance(obj, str):
-        return textwrap.dedent(obj)
+    if isinstance(obj, Source):
+        return Source(obj.name, textwrap.dedent(obj.text))
     if not callable(obj):
-        raise _LearnerError(f"expected one of your functions, got {type(obj).__name__} {obj!r}")
+        raise LearnerError(f"expected one of your functions, got {type(obj).__name__} {obj!r}")
     if getattr(obj, "__name__", "") == "<lambda>":
-        raise _LearnerError("a lambda cannot travel to the ranks: define your function with `def`")
+        raise LearnerError("a lambda cannot travel to the ranks: define your function with `def`")
     try:
-        return textwrap.dedent(inspect.getsource(obj))
-    except (OSError, TypeError) as exc:
-        raise _LearnerError(f"cannot read the source of {getattr(obj, '__name__', obj)!r} ({exc}); "
-                            "define it with `def` in a notebook cell or a .py file") from None
+        return Source(obj.__name__, textwrap.dedent(inspect.getsource(obj)))
+    except (OSError, TypeError, AttributeError) as exc:
+        raise LearnerError(f"cannot read the source of {getattr(obj, '__name__', obj)!r} ({exc}); "
+                           "define it with `def` in a notebook cell or a .py file") from None
 
 
 def _unanswered(source: str) -> str | None:
@@ -173,25 +195,33 @@ def _unanswered(source: str) -> str | None:
     return None
 
 
+def unanswered(source: Source) -> str | None:
+    """The learner-facing failure of a function still as generated (its body only raises
+    NotImplementedError), or None: said at once, instead of launching ranks that would all raise it."""
+    message = _unanswered(source.text)
+    return None if message is None else f"{source.name}: " + _not_implemented(message)
+
+
 def _run_on_ranks(spec: _Check, objects: tuple, timeout: float) -> list[str]:
     from partrain_edu.launch import TorchrunError, torchrun
 
-    for obj in objects:
-        message = _unanswered(source_of(obj))
+    sources = [source_of(obj) for obj in objects]
+    for source in sources:
+        message = unanswered(source)
         if message is not None:
-            return [f"{getattr(obj, '__name__', 'your function')}: " + _not_implemented(message)]
+            return [message]
     with tempfile.TemporaryDirectory(prefix="partrain_check_") as tmp:
         job = Path(tmp) / "job.json"
-        job.write_text(json.dumps({"check": spec.name, "sources": [source_of(o) for o in objects],
-                                   "names": [getattr(o, "__name__", f"fn{i}") for i, o in enumerate(objects)]}))
+        job.write_text(json.dumps({"check": spec.name, "sources": [s.text for s in sources],
+                                   "names": [s.name for s in sources]}))
         code = "from partrain_edu.grading.rank_checks import main\nmain()\n"
         try:
             result = torchrun(code, nproc=spec.nproc, timeout=timeout, args=[str(job)], echo=None)
         except TorchrunError as err:
-            raise _LearnerError(_explain_failure(err, spec, timeout)) from None
+            raise LearnerError(_explain_failure(err, spec, timeout)) from None
     report = result.published.get("grading")
     if report is None:
-        raise _LearnerError("the ranks finished without reporting (rank 0 never reached the end of the check)")
+        raise LearnerError("the ranks finished without reporting (rank 0 never reached the end of the check)")
     failed = [rank for rank, problems in sorted(report.items()) if problems]
     if not failed:
         return []

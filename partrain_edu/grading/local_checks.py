@@ -8,6 +8,7 @@ ranks adjacent, then data-parallel, then pipeline — `rank = tp_rank + tp·(dp_
 from __future__ import annotations
 
 from partrain_edu.grading.core import register
+from partrain_edu.theory import grid
 from partrain_edu.theory.memory import model_state_bytes as reference_state_bytes
 from partrain_edu.theory.schedules import Action, Schedule, build_schedule, simulate
 
@@ -117,22 +118,14 @@ MESHES = [(2, 2, 2), (2, 4, 1), (1, 2, 4), (3, 2, 2)]  # (dp, tp, pp)
 
 
 def reference_coords(rank: int, dp: int, tp: int, pp: int) -> tuple[int, int, int]:
-    """(dp_rank, tp_rank, pp_rank): tensor-parallel neighbours are adjacent ranks (they talk most)."""
-    return (rank // tp) % dp, rank % tp, rank // (tp * dp)
+    """(dp_rank, tp_rank, pp_rank) from the course's one rank grid (`theory.grid`: pp outermost, tp innermost)."""
+    c = grid.coordinates(rank, {"pp": pp, "dp": dp, "tp": tp})
+    return c["dp"], c["tp"], c["pp"]
 
 
 def reference_groups(dp: int, tp: int, pp: int) -> dict[str, list[list[int]]]:
     """Each kind's groups: ranks that differ only in that coordinate, sorted."""
-    world = dp * tp * pp
-    out: dict[str, list[list[int]]] = {}
-    for axis, kind in enumerate(("dp", "tp", "pp")):
-        groups: dict[tuple, list[int]] = {}
-        for r in range(world):
-            c = list(reference_coords(r, dp, tp, pp))
-            c[axis] = -1
-            groups.setdefault(tuple(c), []).append(r)
-        out[kind] = sorted(groups.values())
-    return out
+    return {kind: grid.group_ranks(kind, {"pp": pp, "dp": dp, "tp": tp}) for kind in ("dp", "tp", "pp")}
 
 
 @register("coords_3d", summary="rank → (dp, tp, pp) coordinates match Megatron-LM's order on 4 meshes")

@@ -1,23 +1,20 @@
-"""Execute a learner's exercise notebook headlessly and collect every check it ran: `partrain-edu check PATH`.
-
-Every `check(...)` call appends a JSON line to the file named by $PARTRAIN_GRADING_LOG; the notebook runs
-top to bottom with errors allowed (a failed check must not stop the next one). A check the notebook's source
-calls but that never ran (an earlier cell crashed) counts as failed. Score = passed checks / checks.
+"""Reading what the grader is given: which notebooks, which exercise each one is, and its code cells — with
+a one-line reason for anything that is not a notebook (bad JSON, `{"a": 1}`, `[]`, `"cells": "oops"`, an
+empty file), so that one bad file is one failed row, never the end of a folder's grading.
 """
 from __future__ import annotations
 
-import csv
 import json
 import os
-import re
-import tempfile
 from pathlib import Path
 
-import nbformat
+from partrain_edu.grading.manifest import EXERCISES
 
-from partrain_edu.grading.core import LOG_ENV
+MAX_NOTEBOOK_BYTES = 32 * 2**20
 
-CALL = re.compile(r"""\bcheck\(\s*["']([A-Za-z0-9_]+)["']""")
+
+class NotANotebook(ValueError):
+    """The file cannot be graded as a notebook; the message says why, in one line."""
 
 
 def notebooks_in(path: str | os.PathLike) -> list[Path]:
@@ -34,51 +31,41 @@ def notebooks_in(path: str | os.PathLike) -> list[Path]:
     return found
 
 
-def expected_checks(nb) -> list[str]:
-    names = []
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            names += [n for n in CALL.findall(cell.source) if n not in names]
-    return names
+def exercise_of(path: Path) -> str | None:
+    """The exercise whose name the file (or else a folder above it) contains: `03_memory_zero_stage.ipynb`,
+    `alice-03_memory_zero_stage.ipynb`, `03_memory_zero_stage/alice.ipynb`; None when none or several do."""
+    for name in (path.stem, *(p.name for p in path.parents)):
+        hits = [exercise for exercise in EXERCISES if exercise in name]
+        if len(hits) == 1:
+            return hits[0]
+    return None
 
 
-def grade_notebook(path: Path, timeout: float = 600) -> dict:
-    """Run `path` and return {"path", "score", "checks": [{"name", "passed", "message"}]}."""
-    from nbclient import NotebookClient
-
-    nb = nbformat.read(path, as_version=4)
-    with tempfile.TemporaryDirectory(prefix="partrain_grade_") as tmp:
-        log = Path(tmp) / "checks.jsonl"
-        log.touch()
-        previous = os.environ.get(LOG_ENV)
-        os.environ[LOG_ENV] = str(log)  # the kernel inherits it
-        try:
-            NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
-                           resources={"metadata": {"path": str(path.parent)}}).execute()
-        finally:
-            if previous is None:
-                os.environ.pop(LOG_ENV, None)
-            else:
-                os.environ[LOG_ENV] = previous
-        ran = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    results: dict[str, dict] = {}
-    for record in ran:  # a check run twice: the last run counts
-        results[record["name"]] = {"name": record["name"], "passed": bool(record["passed"]),
-                                   "message": record["message"]}
-    for name in expected_checks(nb):
-        results.setdefault(name, {"name": name, "passed": False,
-                                  "message": f"✗ {name} never ran: a cell before it failed or was not executed"})
-    checks = list(results.values())
-    score = round(sum(c["passed"] for c in checks) / len(checks), 4) if checks else 0.0
-    return {"path": str(path), "score": score, "checks": checks}
-
-
-def write_csv(report: dict, path: str | os.PathLike) -> None:
-    """One row per check, for a gradebook: notebook, score, check, passed, first line of the message."""
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["notebook", "score", "check", "passed", "message"])
-        for nb in report["notebooks"]:
-            for c in nb["checks"] or [{"name": "", "passed": False, "message": "no checks"}]:
-                writer.writerow([nb["path"], nb["score"], c["name"], int(c["passed"]),
-                                 " ".join(c["message"].split())])
+def code_cells(path: Path) -> list[tuple[int, str]]:
+    """(number, source) of every code cell, in order (nbformat 4); numbers count every cell from 1, as a
+    reader of the notebook would."""
+    try:
+        if path.stat().st_size > MAX_NOTEBOOK_BYTES:
+            raise NotANotebook(f"larger than {MAX_NOTEBOOK_BYTES // 2**20} MiB")
+        nb = json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise NotANotebook(f"not a notebook: not JSON ({str(err)[:100]})") from None
+    except OSError as err:
+        raise NotANotebook(f"cannot read it: {err.strerror or err}") from None
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise NotANotebook("not a notebook: JSON without a list of cells (open it in Jupyter and save it)")
+    if nb.get("nbformat") != 4:
+        raise NotANotebook(f"nbformat {nb.get('nbformat')!r} notebook: save it as nbformat 4 (Jupyter does)")
+    sources = []
+    for i, cell in enumerate(nb["cells"]):
+        if not isinstance(cell, dict) or not isinstance(cell.get("cell_type"), str):
+            raise NotANotebook(f"not a notebook: cell {i + 1} is not a cell")
+        if cell["cell_type"] != "code":
+            continue
+        source = cell.get("source", "")
+        if isinstance(source, list) and all(isinstance(line, str) for line in source):
+            source = "".join(source)
+        if not isinstance(source, str):
+            raise NotANotebook(f"not a notebook: cell {i + 1}'s source is not text")
+        sources.append((i + 1, source))
+    return sources

@@ -1,1 +1,29 @@
-"""Parallel strategies, each readable in one file: what it shards, what it sends, and the command that runs it."""
+"""The library: data, tensor and pipeline parallelism on torch.distributed, each piece readable in one file.
+
+Nothing here imports the course harness (`partrain_edu.train`, `partrain_edu.cli`, `partrain_edu.strategies`,
+`partrain_edu.models`): every piece wraps any nn.Module. The strategies `partrain-edu train` runs are built from
+these pieces in `partrain_edu.strategies`, whose index says which strategy wraps which piece. Groups are passed
+explicitly (`ctx.group("tp")` from `runtime.init(dp=…, tp=…, pp=…)`); `group=None` means the whole world.
+
+| module     | pieces                                                | shards / sends                       |
+|------------|-------------------------------------------------------|--------------------------------------|
+| ring       | ring_reduce_scatter, ring_all_gather, ring_all_reduce | — / 2(n−1) steps of 1/n of a tensor  |
+| buckets    | Bucket, plan_buckets, GradBucketHooks                 | — / gradients packed in flat buckets |
+| ddp        | DistributedDataParallel, allreduce_per_parameter      | nothing / averaged gradients         |
+| flat_shard | FlatShard, by_dtype                                   | a flat buffer, one chunk per rank    |
+| zero       | ZeroOptimizer (ZeRO-1/2)                              | optimizer states (+ grads) / RS, AG  |
+| fsdp       | FullyShardedDataParallel, MixedPrecision (ZeRO-3)     | + parameters / gathers per unit      |
+| fsdp_unit  | Unit, UnitShard, _Gather: one unit's gather mechanics | + parameters / AG, AG, RS per unit   |
+| tp_comm    | Megatron's f and g, and the sequence pair             | — / all-reduce, gather, RS           |
+| tensor     | parallelize(module, plan, region), check_plan         | weight matrices / 4 all-reduces      |
+| sequence   | SequenceParallelRegion, layer_activation_bytes        | + activations / the same bytes       |
+| torch_tp   | dtensor_plan (our plan in DTensor's styles)           | as tensor, by DTensor                |
+| pp_comm    | Mailbox, Boundary, agree_on_shapes                    | — / activations, gradients (p2p)     |
+| pipeline   | PipelineExecutor, Stage, split_layers                 | layers / one schedule's messages     |
+| hybrid     | dp_average_gradients, traffic_by_dimension            | 3D: dp all-reduce; bytes per dim     |
+| moe        | MoE, ExpertParallelMoE                                | experts / 2 all-to-alls each way     |
+RS: reduce-scatter, AG: all-gather.
+"""
+# Submodules, imported on use: `import partrain_edu.parallel` stays free of torch.
+__all__ = ["buckets", "ddp", "flat_shard", "fsdp", "fsdp_unit", "hybrid", "moe", "pipeline", "pp_comm", "ring",
+           "sequence", "tensor", "torch_tp", "tp_comm", "zero"]

@@ -42,6 +42,7 @@ class Bucket:
             self.spans.append((start, start + p.numel()))
             start += p.numel()
         self.buffer = torch.zeros(start, dtype=self.params[0].dtype, device=self.params[0].device)
+        self.views = [self.buffer[a:b].view_as(p) for p, (a, b) in zip(self.params, self.spans)]
 
     @property
     def numel(self) -> int:
@@ -53,21 +54,21 @@ class Bucket:
 
     def pack(self) -> torch.Tensor:
         """Copy the gradients into the flat buffer; a parameter without a gradient contributes zeros."""
-        for p, (start, end) in zip(self.params, self.spans):
-            if p.grad is None:
-                self.buffer[start:end].zero_()
-            else:
-                self.buffer[start:end].copy_(p.grad.reshape(-1))
+        have = [(v, p.grad) for p, v in zip(self.params, self.views) if p.grad is not None]
+        if len(have) < len(self.params):
+            self.buffer.zero_()
+        if have:  # one call for every copy, not one per parameter: with ranks sharing a core, Python time is step time
+            torch._foreach_copy_([v for v, _ in have], [g for _, g in have])
         return self.buffer
 
     def unpack(self) -> None:
         """Copy the (reduced) buffer back into each parameter's `.grad`."""
-        for p, (start, end) in zip(self.params, self.spans):
-            flat = self.buffer[start:end].view_as(p)
+        have = [(p.grad, v) for p, v in zip(self.params, self.views) if p.grad is not None]
+        if have:
+            torch._foreach_copy_([g for g, _ in have], [v for _, v in have])
+        for p, v in zip(self.params, self.views):
             if p.grad is None:
-                p.grad = flat.clone()
-            else:
-                p.grad.copy_(flat)
+                p.grad = v.clone()
 
 
 def plan_buckets(params: Iterable[nn.Parameter], cap_bytes: int) -> list[Bucket]:

@@ -17,16 +17,18 @@ How (Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating Data Para
 gradients are grouped into buckets in reverse registration order (`buckets.plan_buckets`); a
 post-accumulate-grad hook launches an async all-reduce as soon as a bucket is full, so communication overlaps
 the rest of backward; the end of backward waits for all of them. `no_sync()` skips communication while
-micro-batches accumulate gradients; a parameter that gets no gradient on a rank contributes zeros, and with
-`find_unused_parameters=True` one more all-reduce of a used-flag per parameter finds those no rank used, whose
-gradient stays None, exactly as in one process. Every bucket's all-reduce start and finish, relative to the
+micro-batches accumulate gradients. A parameter without a gradient is refused, as PyTorch's DDP does, unless
+`find_unused_parameters=True`: then it contributes zeros, and one more all-reduce of a used-flag per parameter
+finds those no rank used, whose gradient stays None, exactly as in one process. Every bucket's all-reduce start and finish, relative to the
 start of backward, is kept in `timeline` for the overlap picture.
 
-`ddp-naive` is the textbook version beside it: after backward has ended, one blocking all-reduce per
-parameter — the same bytes, many more calls, no overlap.
+`allreduce_per_parameter` is the textbook version beside it (the `ddp-naive` strategy): after backward has
+ended, one blocking all-reduce per parameter — the same bytes, many more calls, no overlap. Both wrap any
+module; `strategies/ddp.py` applies them to TinyGPT.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import time
 from typing import Iterable
@@ -36,12 +38,12 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from partrain_edu.parallel.buckets import Bucket, GradBucketHooks, plan_buckets
-from partrain_edu.train import Strategy, data_parallel_batch, register
 
 # PyTorch DDP's default cap (`bucket_cap_mb=25`): `ddp` and `torch-ddp` run alike. TinyGPT's 0.87 MB of fp32
 # gradients then fit in ONE bucket — nothing to overlap; pass a smaller cap (notebook 02 uses 256 KiB) to
 # see buckets leave while backward goes on.
 DEFAULT_BUCKET_CAP_BYTES = 25 * 1024 * 1024
+TIMELINE_STEPS = 64
 
 
 def broadcast_parameters(module: nn.Module, group=None) -> None:
@@ -68,7 +70,10 @@ class DistributedDataParallel(nn.Module):
         self.hooks = GradBucketHooks(self.buckets, launch=self._launch, finish=self._finish)
         self._pending: list[tuple[Bucket, torch.futures.Future]] = []
         self._step: dict = {}
-        self.timeline: list[dict] = []   # one entry per synchronised backward (see `_finish`)
+        # One entry per synchronised backward (see `_finish`), the last TIMELINE_STEPS of them: a long run
+        # must not grow it without bound.
+        self.timeline: collections.deque[dict] = collections.deque(maxlen=TIMELINE_STEPS)
+        self._names = {id(p): name for name, p in module.named_parameters()}
 
     def forward(self, *args, **kwargs):
         out = self.module(*args, **kwargs)
@@ -104,15 +109,21 @@ class DistributedDataParallel(nn.Module):
     def _finish(self) -> None:
         """End of backward: wait for every bucket, write the averaged gradients back."""
         compute_end = time.perf_counter()
-        used = torch.tensor([p.grad is not None for p in self.params], dtype=torch.int32,
-                            device=self.params[0].device)       # NCCL reduces only tensors on the GPU
+        used = [p.grad is not None for p in self.params]
         for bucket, done in self._pending:
             done.wait()
             bucket.unpack()
         self._pending = []
+        if not self.find_unused_parameters and not all(used):
+            # PyTorch's DDP refuses this too: averaging a zero for it would move it (momentum, weight decay)
+            # where one process would leave it alone.
+            missing = [self._names[id(p)] for p, u in zip(self.params, used) if not u]
+            raise RuntimeError(f"parameters {missing} got no gradient in this backward: pass "
+                               "find_unused_parameters=True, or freeze them (requires_grad=False)")
         if self.find_unused_parameters:
-            dist.all_reduce(used, group=self.group)          # how many ranks gave each parameter a gradient
-            for p, count in zip(self.params, used.tolist()):
+            counts = torch.tensor(used, dtype=torch.int32, device=self.params[0].device)  # NCCL: GPU tensors only
+            dist.all_reduce(counts, group=self.group)        # how many ranks gave each parameter a gradient
+            for p, count in zip(self.params, counts.tolist()):
                 if count == 0:
                     p.grad = None                            # no rank used it: as in one process, no gradient
         step, self._step = self._step, {}
@@ -130,40 +141,3 @@ def allreduce_per_parameter(params: Iterable[nn.Parameter], group=None) -> None:
         if p.grad is not None:
             dist.all_reduce(p.grad, group=group)
             p.grad.div_(world_size)
-
-
-class _ReplicatedDataParallel(Strategy):
-    """A full replica per rank, this rank's slice of the batch; subclasses decide how gradients meet."""
-
-    def sync_after_backward(self) -> None:
-        """Called once the step's backward passes are done (the naive variant communicates here)."""
-
-    def train_step(self, x, y):
-        x, y = data_parallel_batch(self, x, y)  # (B/dp, T) each
-        self.optimizer.zero_grad(set_to_none=True)
-        loss_sum, count = self.accumulate(self.model, x, y, no_sync=getattr(self.model, "no_sync", None))
-        self.sync_after_backward()
-        self.optimizer.step()
-        return loss_sum, count
-
-
-@register("ddp")
-class DDP(_ReplicatedDataParallel):
-    def __init__(self, ctx, cfg, bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES,
-                 find_unused_parameters: bool = False):
-        super().__init__(ctx, cfg)
-        self.model = DistributedDataParallel(self.new_model(), bucket_cap_bytes=bucket_cap_bytes,
-                                             find_unused_parameters=find_unused_parameters)
-        self.optimizer = self.new_optimizer(self.model.parameters())
-
-
-@register("ddp-naive")
-class NaiveDDP(_ReplicatedDataParallel):
-    def __init__(self, ctx, cfg):
-        super().__init__(ctx, cfg)
-        self.model = self.new_model()
-        broadcast_parameters(self.model)
-        self.optimizer = self.new_optimizer(self.model.parameters())
-
-    def sync_after_backward(self) -> None:
-        allreduce_per_parameter(self.model.parameters())

@@ -1,133 +1,138 @@
-"""ZeRO-3 / FSDP from scratch: parameters, gradients and optimizer states all sharded; a unit is gathered
-only while it computes.
+"""ZeRO-3 / FSDP (完全分片数据并行) over any nn.Module: parameters, gradients and optimizer states sharded.
 
-    partrain-edu train --strategy zero3 --nproc 2 --steps 20 --json
+    fsdp = FullyShardedDataParallel(model, units=lambda name, m: isinstance(m, Block)); AdamW(fsdp.parameters())
 
-Rajbhandari et al. 2020 ("ZeRO", §5.3 P_os+g+p, §7.2.2) and Zhao et al. 2023 ("PyTorch FSDP", §3): the model
-is cut into units — each transformer block, plus the rest (embeddings, final layernorm, head: the root).
-Each unit's parameters are flattened, padded to a multiple of n and sharded (`zero.FlatShard`,
-keep_full=False): a rank keeps only its (⌈Ψ_u/n⌉,) chunk, the parameter the optimizer updates.
-
-Sharded (fp32 + AdamW): params 4⌈Ψ/n⌉, grads 4⌈Ψ/n⌉, optimizer 8⌈Ψ/n⌉ per rank (`theory.memory`, stage 3;
-each unit padded on its own — TinyGPT's units are multiples of 4, so at n ∈ {1, 2, 4} nothing is padded; at
-n = 3 the shards exceed ⌈Ψ/n⌉ by under one element per unit), plus one
-AdamW `step` scalar per unit. The transient peak adds the gathered units: the root (gathered for the whole
-forward, as FSDP keeps the root) plus one block — `peak_gathered_bytes` measures it.
-
-Communicated per micro-batch, for every unit (ZeRO §7.2.2): all-gather before its forward; all-gather again
-before its backward (it was freed after forward); reduce-scatter of its gradient after its backward:
-3 × (n−1)/n·Ψ·4 bytes = 1.5× DDP's 2(n−1)/n·Ψ·4.
-
-How, in plain autograd:
-- `_Gather` (an autograd Function) all-gathers a unit's shard into a (padded,) buffer in forward; its backward
-  receives the buffer's gradient — summed over every use of every parameter of the unit — and reduce-scatters
-  it into the shard's gradient. The module's weights are views of the gathered buffer while the unit runs.
-- Autograd would keep the gathered buffer alive until backward (Linear saves its weight). A
-  `saved_tensors_hooks` pair stores "this unit, this offset/shape" instead of the tensor, so the buffer is freed
-  after forward; the first unpack in backward gathers it again. The gradient's reduce-scatter frees it.
-- prefetch=True issues the next unit's all-gather asynchronously before the current unit computes (forward:
-  block i+1; backward: block i−1), so communication overlaps compute; `timeline` records (event, unit,
-  time) when each gather is issued, when it is ready (waited for) and when the unit is done computing.
+Rajbhandari et al. 2020 ("ZeRO", §5.3) and Zhao et al. 2023 ("PyTorch FSDP", §3): the model is cut into units
+(default: every child of every nn.ModuleList/ModuleDict — transformer blocks) plus the root, which owns the
+rest and stays gathered through forward. A unit's parameters of one dtype form a `FlatShard` padded once to a
+multiple of n; a rank keeps ⌈Ψ_u/n⌉ of them. fp32 + AdamW per rank: params, grads 4⌈Ψ/n⌉ each, optimizer
+8⌈Ψ/n⌉ plus a `step` per piece, plus the gathered units (`peak_gathered_bytes`). Sent per unit and
+micro-batch (§7.2.2): all-gather for forward, all-gather for backward, reduce-scatter of the gradient —
+3·(n−1)/n·Ψ·bytes, 1.5× DDP's. One unit's mechanics: `fsdp_unit.py`.
+`parameters()` yields this rank's 1-D *pieces* under the original names (use_orig_params): an elementwise
+optimizer acts per parameter as in one process (groups by name, a `step` each, no update without a gradient);
+`state_dict()` / `load_state_dict()` speak the unwrapped module's format.
 """
 from __future__ import annotations
 
+import contextlib
 import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
 
 import torch
 import torch.nn as nn
+from torch.utils._pytree import tree_map_only
 
 from partrain_edu.parallel.ddp import broadcast_parameters
-from partrain_edu.parallel.zero import FlatShard, optimizer_state_tensors
-from partrain_edu.train import Strategy, register
+from partrain_edu.parallel.flat_shard import FlatShard
+from partrain_edu.parallel.fsdp_unit import Unit, UnitShard
 
 
-class _Gather(torch.autograd.Function):
-    """shard (s,) → full (padded,) by all-gather; backward: grad (padded,) → reduce-scatter mean (s,)."""
-
-    @staticmethod
-    def forward(ctx, shard: torch.Tensor, unit: "Unit") -> torch.Tensor:
-        ctx.unit = unit
-        return unit.take_gathered()
-
-    @staticmethod
-    def backward(ctx, grad_full: torch.Tensor):
-        unit = ctx.unit
-        unit.owner.log("done", unit)                      # this unit's backward has computed
-        if unit.backward_full is not None:                # free the buffer gathered for backward
-            unit.owner.track(-unit.backward_full.numel() * unit.backward_full.element_size())
-            unit.backward_full = None
-        return unit.flat.reduce_scatter_mean(grad_full.contiguous()), None
+@dataclass(frozen=True)
+class MixedPrecision:
+    """Gather and compute floating parameters in `param_dtype` (forward inputs cast to it, as FSDP's
+    cast_forward_inputs), reduce-scatter gradients in `reduce_dtype`; the sharded master keeps its own dtype."""
+    param_dtype: torch.dtype | None = None
+    reduce_dtype: torch.dtype | None = None
 
 
-class Unit:
-    """One FSDP unit: a module whose own parameters are sharded (its children units excluded)."""
+class FullyShardedDataParallel(nn.Module):
+    """ZeRO-3 over `module` (same init on every rank is not needed: rank 0's parameters and buffers are
+    broadcast). `units`: submodules (a list, or a ModuleList), a policy `callable(name, module) -> bool`, or None
+    (the children of every ModuleList/ModuleDict). Frozen parameters are sharded in their own FlatShard:
+    gathered, never reduced, no gradient. A parameter used by two units (tied) is owned by the root.
+    Every rank must use the same parameters in a step, as DDP without find_unused_parameters: a unit run on
+    some ranks only leaves its reduce-scatter waiting, a parameter used on some ranks only is stepped there
+    only. `timeline` holds (event, unit, time) of the latest forward and its backward: cleared when a forward
+    starts, so it stays bounded. Wrap on the device you train on (`.to()` does not move the shards)."""
 
-    def __init__(self, index: int, module: nn.Module, owned: list[tuple[nn.Module, str]], owner: "ShardedModel"):
-        self.index, self.module, self.owner, self.owned = index, module, owner, owned
-        self.flat = FlatShard([getattr(m, name) for m, name in owned], owner.group, keep_full=False)
-        for m, name in owned:                             # plain attributes from now on, set while running
-            del m._parameters[name]
-            setattr(m, name, None)
-        self.full: torch.Tensor | None = None             # (padded,) gathered for forward
-        self.backward_full: torch.Tensor | None = None    # (padded,) gathered again for backward
-        self._pending = None                              # (buffer, work) of a prefetched all-gather
-
-    def prefetch(self) -> None:
-        if self._pending is None:
-            self._pending = self.flat.all_gather(async_op=True)
-            self.owner.track(self._pending[0].numel() * self._pending[0].element_size())
-            self.owner.log("issue", self)
-
-    def take_gathered(self) -> torch.Tensor:
-        """The full buffer: the prefetched one once its all-gather is done, else gathered now."""
-        if self._pending is None:
-            self.prefetch()
-        out, work = self._pending
-        self._pending = None
-        work.wait()
-        self.owner.log("ready", self)
-        return out
-
-    def gather_for_forward(self) -> None:
-        self.full = _Gather.apply(self.flat.shard, self)  # (padded,) in the graph: gradients flow to the shard
-        for (m, name), view in zip(self.owned, self.flat.views(self.full)):
-            setattr(m, name, view)
-
-    def free_after_forward(self) -> None:
-        self.owner.log("done", self)                      # this unit's forward has computed
-        for m, name in self.owned:
-            setattr(m, name, None)
-        self.owner.track(-self.full.numel() * self.full.element_size())
-        self.full = None                                  # saved tensors hold a (unit, layout) key, not it
-
-    def full_for_backward(self) -> torch.Tensor:
-        if self.backward_full is None:
-            self.backward_full = self.take_gathered()
-            if self.owner.prefetch and self.index > 1:    # backward runs blocks in reverse: fetch the previous
-                self.owner.units[self.index - 1].prefetch()
-        return self.backward_full
-
-
-class ShardedModel(nn.Module):
-    """Wrap a TinyGPT: units = each block in `module.blocks`, plus the rest (unit 0, the root)."""
-
-    def __init__(self, module: nn.Module, group=None, prefetch: bool = False):
+    def __init__(self, module: nn.Module, group=None, units: Iterable[nn.Module] | Callable | None = None,
+                 mixed_precision: MixedPrecision | None = None, prefetch: bool = False):
         super().__init__()
         self.module, self.group, self.prefetch = module, group, prefetch
-        broadcast_parameters(module, group)
+        self.mixed_precision = mixed_precision or MixedPrecision()
+        broadcast_parameters(module, group)                 # every rank shards rank 0's weights and buffers
         self.gathered_bytes_now, self.peak_gathered_bytes = 0, 0
         self.timeline: list[tuple[str, int, float]] = []
-        blocks = list(module.blocks)
-        block_params = {id(p) for b in blocks for p in b.parameters()}
-        rest = [(m, n) for m in module.modules() for n, p in m._parameters.items()
-                if p is not None and id(p) not in block_params]
-        self.units = [Unit(0, module, rest, self)]
-        self.units += [Unit(i + 1, b, [(m, n) for m in b.modules() for n, p in m._parameters.items() if p is not None],
-                            self) for i, b in enumerate(blocks)]
-        self.shards = nn.ParameterList([u.flat.shard for u in self.units])   # what the optimizer sees
+        self.gathered: dict[int, UnitShard] = {}            # id(gathered buffer) → its shard, while forward runs
+        self._sweep_queued = False
+        chosen = _choose_units(module, units)
+        self.units = [Unit(0, module, self)] + [Unit(i + 1, m, self) for i, m in enumerate(chosen)]
+        self._names: dict[int, list[str]] = {}              # id(parameter) → its names, one process's order
+        for name, p in module.named_parameters(remove_duplicate=False):
+            self._names.setdefault(id(p), []).append(name)
+        order = [id(p) for p in module.parameters()]
+        self._shard(module)
+        where = {id(p): piece for s in self.shards() for p, piece in zip(s.flat.params, s.flat.pieces)}
+        self._pieces = [(self._names[i], where[i]) for i in order]
         for u in self.units[1:]:
-            u.module.register_forward_pre_hook(lambda mod, args, u=u: self._before(u))
+            u.module.register_forward_pre_hook(lambda mod, args, kwargs, u=u: self._enter(u, args, kwargs),
+                                               with_kwargs=True)
             u.module.register_forward_hook(lambda mod, args, out, u=u: u.free_after_forward())
+
+    def _shard(self, module: nn.Module) -> None:
+        """Give every parameter to the unit whose modules use it — the root when several units do (it is
+        gathered through the whole forward: one slot, one gradient) — and lay each unit's parameters out by
+        (dtype, trainable). The module attributes become plain slots, filled while their unit computes."""
+        unit_of = {id(u.module): u for u in self.units}
+        users: dict[int, set[int]] = {}                     # id(parameter) → indices of the units using it
+        slots: dict[int, list] = {}                         # id(parameter) → [(module, attr, name)]
+        params: dict[int, nn.Parameter] = {}
+        seen: set[tuple[int, int]] = set()
+
+        def walk(m: nn.Module, prefix: str, unit: Unit) -> None:
+            unit = unit_of.get(id(m), unit)
+            if (id(m), unit.index) in seen:
+                return
+            seen.add((id(m), unit.index))
+            for attr, p in m._parameters.items():
+                if p is not None:
+                    users.setdefault(id(p), set()).add(unit.index)
+                    params[id(p)] = p
+                    if all(s[0] is not m or s[1] != attr for s in slots.setdefault(id(p), [])):
+                        slots[id(p)].append((m, attr, prefix + attr))
+            for name, child in m._modules.items():
+                if child is not None:
+                    walk(child, f"{prefix}{name}.", unit)
+
+        walk(module, "", self.units[0])
+        for u in self.units:
+            mine = [i for i in params if users[i] == {u.index} or (u.index == 0 and len(users[i]) > 1)]
+            groups: dict[tuple, list[int]] = {}
+            for i in mine:
+                groups.setdefault((params[i].dtype, params[i].requires_grad), []).append(i)
+            for ids in groups.values():
+                for i in ids:
+                    for m, attr, _ in slots[i]:
+                        del m._parameters[attr]
+                u.shards.append(UnitShard(u, [params[i] for i in ids], [slots[i] for i in ids]))
+
+    # -- what the optimizer, the checkpoint and the tests see -------------------------------------------
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        """This rank's pieces (1-D, possibly empty) under the wrapped module's parameter names."""
+        for names, piece in self._pieces:
+            for name in names[:1] if remove_duplicate else names:
+                yield prefix + name, piece
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        return self.module.named_buffers(prefix, recurse, remove_duplicate)
+
+    def shards(self) -> list[UnitShard]:
+        return [s for u in self.units for s in u.shards]
+
+    def flat_shards(self) -> list[FlatShard]:
+        """Every unit's FlatShards, frozen ones included: unit by unit (root first), then by (dtype, trainable)
+        in the order the parameters first appear — the same on every rank and for every world size."""
+        return [s.flat for s in self.shards()]
+
+    # -- bookkeeping the units report to --------------------------------------------------------------
+    def compute_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        wanted = self.mixed_precision.param_dtype
+        return wanted if wanted is not None and dtype.is_floating_point else dtype
+
+    def reduce_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return self.mixed_precision.reduce_dtype or self.compute_dtype(dtype)
 
     def track(self, delta: int) -> None:
         """Bytes of gathered buffers alive now (+ when an all-gather allocates one, − when it is freed)."""
@@ -137,58 +142,131 @@ class ShardedModel(nn.Module):
     def log(self, event: str, unit: Unit) -> None:
         self.timeline.append((event, unit.index, time.perf_counter()))
 
-    def _before(self, unit: Unit) -> None:
+    def regathered(self, shard: UnitShard) -> None:
+        """A shard was gathered again in backward: prefetch the unit backward reaches next (blocks run in
+        reverse), and free whatever is still gathered when this backward ends (frozen shards have no _Gather)."""
+        if self.prefetch and shard.unit.index > 1:
+            self.units[shard.unit.index - 1].prefetch()
+        if not self._sweep_queued:
+            self._sweep_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+
+    def _end_of_backward(self) -> None:
+        self._sweep_queued = False
+        for s in self.shards():
+            s.free_backward()
+
+    # -- forward --------------------------------------------------------------------------------------
+    def _cast(self, args, kwargs):
+        dtype = self.mixed_precision.param_dtype
+        if dtype is None:
+            return args, kwargs
+        return tree_map_only(torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, (args, kwargs))
+
+    def _enter(self, unit: Unit, args, kwargs):
         unit.gather_for_forward()
         if self.prefetch and unit.index + 1 < len(self.units):
-            self.units[unit.index + 1].prefetch()        # overlaps with this unit's compute
+            self.units[unit.index + 1].prefetch()           # overlaps with this unit's compute
+        return self._cast(args, kwargs)
 
     def _pack(self, t: torch.Tensor):
-        for u in self.units:                             # a weight (or its transpose) viewing a gathered unit
-            if u.full is not None and t._base is u.full:
-                return (u, t.size(), t.stride(), t.storage_offset())
+        shard = self.gathered.get(id(t._base)) if t._base is not None else None
+        if shard is not None and t._base is shard.full:     # a weight (or its transpose) viewing a gathered unit
+            return shard, t.size(), t.stride(), t.storage_offset()
         return t
 
     def _unpack(self, packed):
         if isinstance(packed, tuple):
-            unit, size, stride, offset = packed
-            return unit.full_for_backward().as_strided(size, stride, offset)
+            shard, size, stride, offset = packed
+            return shard.full_for_backward().as_strided(size, stride, offset)
         return packed
 
     def forward(self, *args, **kwargs):
+        self.timeline.clear()                               # bounded: one forward (and its backward)
+        for s in self.shards():
+            s.drop_pending()
+        args, kwargs = self._cast(args, kwargs)
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             if self.prefetch and len(self.units) > 1:
                 self.units[1].prefetch()
-            self._before(self.units[0])                  # the root stays gathered through the forward
+            self.units[0].gather_for_forward()              # the root stays gathered through the forward
             try:
                 return self.module(*args, **kwargs)
             finally:
-                self.units[0].free_after_forward()
+                for u in self.units:                        # the root; any unit an exception left gathered
+                    if u.index == 0 or any(s.full is not None for s in u.shards):
+                        u.free_after_forward()
                 if self.prefetch and len(self.units) > 1:
-                    self.units[-1].prefetch()             # backward starts with the last block
+                    self.units[-1].prefetch()               # backward starts with the last unit
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The unsharded parameters under the wrapped module's names (all-gathers every unit; every rank)."""
-        out = {}
+    # -- the unsharded view: state dicts --------------------------------------------------------------
+    @contextlib.contextmanager
+    def summon_full_params(self):
+        """Every parameter gathered in its own dtype and readable on the module (no grad, read-only;
+        a collective: every rank enters it)."""
         with torch.no_grad():
-            for u in self.units:
-                full = u.flat.all_gather()
-                for (m, name), view in zip(u.owned, u.flat.views(full)):
-                    out[self._names[id(m)] + name] = view.clone()
-        return out
+            fulls = [(s, s.flat.all_gather()) for s in self.shards()]
+            try:
+                yield {id(s): s.set_views(full) for s, full in fulls}
+            finally:
+                for s, _ in fulls:
+                    s.set_views(None)
 
-    @property
-    def _names(self) -> dict[int, str]:
-        return {id(m): (n + "." if n else "") for n, m in self.module.named_modules()}
+    @contextlib.contextmanager
+    def _registered(self, fulls: dict[int, list[torch.Tensor]]):
+        """The views in `fulls` registered as the module's parameters again, so nn.Module's own state-dict
+        code names, orders and loads them (a tied parameter under each of its names, as in one process)."""
+        for s in self.shards():
+            for view, slots in zip(fulls[id(s)], s.slots):
+                for m, attr, _ in slots:
+                    m._parameters[attr] = view
+        try:
+            yield
+        finally:
+            for s in self.shards():
+                for slots in s.slots:
+                    for m, attr, _ in slots:
+                        del m._parameters[attr]
+
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
+        """The full, unsharded state dict (parameters and buffers) under the wrapped module's names — one
+        process's `module.state_dict()`. A collective: every rank calls it."""
+        with self.summon_full_params() as fulls, self._registered(fulls):
+            return self.module.state_dict(destination=destination, prefix=prefix)
+
+    full_state_dict = state_dict
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Load a full state dict (one process's format): keep this rank's chunk of every parameter. Local."""
+        fulls, chunks = {}, []
+        with torch.no_grad():
+            for s in self.shards():
+                flat = s.flat
+                full = torch.zeros(flat.padded, dtype=flat.data.dtype, device=flat.data.device)
+                lo = flat.rank * flat.shard_numel
+                chunk = full[lo:lo + flat.shard_numel]
+                chunk.copy_(flat.data)                      # a parameter left out keeps its value
+                fulls[id(s)], chunks = flat.views(full), chunks + [(flat.data, chunk)]
+            with self._registered(fulls):
+                result = self.module.load_state_dict(state_dict, strict=strict)
+            for mine, loaded in chunks:
+                mine.copy_(loaded)                          # in place: the pieces and the optimizer keep theirs
+        return result
 
 
-@register("zero3")
-class Zero3(Strategy):
-    def __init__(self, ctx, cfg, group=None, prefetch: bool = False):
-        super().__init__(ctx, cfg)
-        self.model = ShardedModel(self.new_model(), group, prefetch=prefetch)
-        self.optimizer = self.new_optimizer(self.model.parameters())
-
-    def state_tensors(self):
-        shards = list(self.model.shards)
-        return {"params": shards, "grads": [s.grad for s in shards if s.grad is not None],
-                "optimizer": optimizer_state_tensors(self.optimizer)}
+def _choose_units(module: nn.Module, units) -> list[nn.Module]:
+    """The unit modules in the wrapped module's order (the order prefetch assumes they run in)."""
+    named = [(name, m) for name, m in module.named_modules() if name]
+    if isinstance(units, nn.Module):                        # a module is callable too: not a policy
+        units = list(units.children()) if isinstance(units, (nn.ModuleList, nn.ModuleDict)) else [units]
+    if units is None:
+        children = {id(c) for _, m in named if isinstance(m, (nn.ModuleList, nn.ModuleDict)) for c in m.children()}
+        return [m for _, m in named if id(m) in children]
+    if callable(units):
+        return [m for name, m in named if units(name, m)]
+    wanted = {id(m) for m in units}
+    chosen = [m for _, m in named if id(m) in wanted]
+    if len(chosen) != len(wanted):
+        raise ValueError("every unit must be a submodule of the wrapped module (not the module itself): pass "
+                         "modules from module.modules(), or a policy callable(name, module) -> bool")
+    return chosen

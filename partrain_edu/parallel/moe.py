@@ -35,7 +35,6 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from partrain_edu.models import MLP
 
 
 def route(router: nn.Linear, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,7 +72,9 @@ class MoE(nn.Module):
         gen = torch.Generator().manual_seed(init_seed)           # same weights on every rank, global RNG untouched
         self.k = k
         self.router = nn.Linear(n_embd, experts, bias=False)
-        self.experts = nn.ModuleList(MLP(n_embd, hidden) for _ in range(experts))
+        hidden = hidden or 4 * n_embd                            # a transformer MLP per expert: H → 4H → H
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(n_embd, hidden), nn.GELU(), nn.Linear(hidden, n_embd))
+                                     for _ in range(experts))
         with torch.no_grad():
             for p in self.parameters():
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02)

@@ -29,10 +29,9 @@ import weakref
 import torch
 import torch.nn as nn
 
-from partrain_edu.parallel.tensor import TensorParallel, TensorParallelRegion
+from partrain_edu.parallel.tensor import TensorParallelRegion
 from partrain_edu.parallel.tp_comm import (all_gather_sequence, all_reduce_, gather_from_sequence,
                                            reduce_scatter_to_sequence)
-from partrain_edu.train import register
 
 
 class _Regather:
@@ -69,8 +68,8 @@ class SequenceParallelRegion(TensorParallelRegion):
     def exit(self, y: torch.Tensor) -> torch.Tensor:  # (B, T, H) partial sums → (B, T/t, H)
         return reduce_scatter_to_sequence(y, self.group)
 
-    def positions(self, wpe: nn.Embedding) -> nn.Module:
-        return SequenceShardedPositions(wpe, self)
+    def positions(self, embedding: nn.Embedding) -> nn.Module:
+        return SequenceShardedPositions(embedding, self)
 
     def pack(self, t: torch.Tensor):
         # A matmul saving (a view of) a gathered input keeps the shard instead: t/1 of the bytes. A live
@@ -138,10 +137,3 @@ def layer_activation_bytes(block: nn.Module, x: torch.Tensor, region: TensorPara
         out = block(x)
     del out  # the graph (and what it kept) goes with it
     return meter
-
-
-@register("tp-sp")
-class SequenceParallel(TensorParallel):
-    """`tp` with sequence parallelism: same model, same loss, the sequence split between the matmuls."""
-
-    region_type = SequenceParallelRegion

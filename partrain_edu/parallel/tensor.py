@@ -1,27 +1,19 @@
-"""Tensor parallelism (张量并行), Megatron-style: every layer's weight matrices split across the ranks.
+"""Tensor parallelism (张量并行) over any module: a declarative plan splits its nn.Linear / nn.Embedding layers.
 
-    partrain-edu train --strategy tp --nproc 2 --tp 2 --steps 20 --json
+    parallelize(mlp, {"0": "colwise", "2": "rowwise"}, group)     # mlp = nn.Sequential(Linear, GELU, Linear)
 
-**Sharded** (Shoeybi et al. 2019, "Megatron-LM", §3). With t ranks, each holds 1/t of every big matrix:
-- MLP: `fc` column-parallel (A = [A_1 … A_t], rank r computes GeLU(X·A_r) — no sync needed before the
-  nonlinearity, eq. 3), then `proj` row-parallel (rank r multiplies its slice of the hidden features, the
-  partial products are summed). One all-reduce in forward (g), one in backward (f).
-- Attention: `q`, `k`, `v` column-parallel *by heads* (rank r computes whole heads n_head/t, Figure 3b; TinyGPT's
-  attention counts its heads from q's width, so the same attention code runs on a shard), `proj` row-parallel.
-- The embedding table by vocabulary rows, the output head by vocabulary columns, and a vocab-parallel
-  cross-entropy that never gathers the (B, T, V) logits (Megatron §3, "input and output embedding").
-- LayerNorms, position embeddings and row-parallel biases stay whole on every rank (replicated).
-
-**Communicated** (tp_comm.py). Per transformer layer and micro-batch: 2 all-reduces forward (g after attention
-and after the MLP) and 2 backward (f before them), each of b·s·h elements — `theory.traffic`'s "tp":
-
-    bytes sent per rank per layer = 4 · 2(t−1)/t · b·s·h·e     (ring all-reduce, e bytes per element)
-
-Outside the layers: 1 forward all-reduce of b·s·h for the embedding (g), 1 backward for the head's input (f),
-and 3 forward all-reduces of b·s for the loss (the max logit, the target's logit, the softmax denominator).
-
-**Equivalence**: `parallelize(TinyGPT(...), region)` copies each rank's slices out of a full model, keeping
-TinyGPT's parameter names, so a shard's weight or gradient can be compared with `full_slice` of the full one.
+**Sharded** (Shoeybi et al. 2019, "Megatron-LM", §3), t ranks: "colwise" keeps out/t output features of a Linear
+(eq. 3, Y_r = X·A_r: no sync before a nonlinearity), "rowwise" in/t input features (eq. 5, Y = Σ_r X_r·A_r, bias
+whole), "vocab" V/t rows of an Embedding. Everything else stays whole on every rank (`full_slice` maps a shard back).
+**Sent** (tp_comm.py): f where activations enter a split region (all-reduce of dL/dX backward), g in each rowwise
+layer and vocab embedding (all-reduce forward). A colwise → rowwise pair on (b, s, h) sends, per rank (ring),
+    2 · 2(t−1)/t · b·s·h·e bytes      (e bytes per element; an attention + MLP layer: 4 all-reduces)
+f runs before each colwise layer by default; `inputs=("attn",)` runs it once on a module's input, shared by the
+colwise layers inside (q, k, v: one all-reduce instead of three). A vocab-split head's loss:
+`vocab_parallel_cross_entropy` (3 all-reduces of b·s, never the (b, s, V) logits).
+**Your modules**: read a split layer's width from its weight (attention: heads = q.weight.shape[0] // head_dim,
+as TinyGPT does; torchtitan sets n_heads //= tp); under sequence parallelism look learned positions up through
+`region.positions`. TinyGPT's plan and the `tp` strategy: strategies/tensor.py.
 """
 from __future__ import annotations
 
@@ -33,39 +25,12 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from partrain_edu.data import split_microbatches
-from partrain_edu.models import GPTConfig, TinyGPT
 from partrain_edu.parallel.tp_comm import all_reduce_, copy_to_tensor_parallel, reduce_from_tensor_parallel
-from partrain_edu.train import Strategy, TrainConfig, register
 
-# How each weight is split: module-name pattern → style (a declarative plan, as in torchtitan). torch_tp.py
-# turns the same dict into DTensor's ColwiseParallel / RowwiseParallel, so the two versions split alike.
-TP_PLAN = {
-    "wte": "vocab",                                       # embedding rows: V/t tokens per rank
-    "blocks.*.attn.q": "colwise", "blocks.*.attn.k": "colwise", "blocks.*.attn.v": "colwise",  # by heads
-    "blocks.*.attn.proj": "rowwise",
-    "blocks.*.mlp.fc": "colwise", "blocks.*.mlp.proj": "rowwise",
-    "head": "colwise",                                    # output columns: V/t logits per rank
-}
-# Modules whose input enters a split region: f runs once on it, shared by q, k and v (or fc, or the head).
-REGION_INPUTS = ("blocks.*.attn", "blocks.*.mlp", "head")
-
-
-def plan_style(name: str) -> str | None:
-    return next((style for pattern, style in TP_PLAN.items() if fnmatch(name, pattern)), None)
-
-
-def check_divisible(cfg: GPTConfig, tp: int, sequence_parallel: bool = False) -> None:
-    """One-line ValueError naming the fix unless every dimension tensor parallelism splits divides by tp."""
-    sizes = [("hidden size", cfg.n_embd), ("number of attention heads", cfg.n_head), ("vocabulary", cfg.vocab_size)]
-    if sequence_parallel:
-        sizes.append(("sequence length", cfg.seq_len))
-    common = math.gcd(*(n for _, n in sizes))
-    fits = ", ".join(str(d) for d in range(1, common + 1) if common % d == 0)
-    for what, n in sizes:  # the hidden size first: heads | hidden, so a tp that misses it misses the heads too
-        if n % tp:
-            raise ValueError(f"--tp {tp} does not divide the {what} ({n}): every rank needs an equal slice; "
-                             f"use --tp {fits}")
+# style → (the layer type it splits, the width it splits, that width in words)
+STYLES = {"colwise": (nn.Linear, "out_features", "output features"),
+          "rowwise": (nn.Linear, "in_features", "input features"),
+          "vocab": (nn.Embedding, "num_embeddings", "rows")}
 
 
 def _shard(full: torch.Tensor, dim: int, region: TensorParallelRegion) -> nn.Parameter:
@@ -78,10 +43,17 @@ def _whole(full: torch.Tensor | None) -> nn.Parameter | None:
     return None if full is None else nn.Parameter(full.detach().clone())
 
 
-def full_slice(full: torch.Tensor, local: nn.Parameter, region: TensorParallelRegion) -> torch.Tensor:
-    """The part of a full-model tensor (a weight or its gradient) that the parameter `local` holds here."""
+def full_slice(full: torch.Tensor, local: nn.Parameter, region) -> torch.Tensor:
+    """The part of a full-model tensor (a weight or its gradient) that the parameter `local` holds here
+    (`region`: the region or group it was split over)."""
     dim = getattr(local, "tp_split_dim", None)
+    region = as_region(region)
     return full if dim is None else full.chunk(region.size, dim)[region.rank]
+
+
+def as_region(region) -> TensorParallelRegion:
+    """`region` itself, or the default (Megatron's f and g) region over a process group (None: the world)."""
+    return region if isinstance(region, TensorParallelRegion) else TensorParallelRegion(region)
 
 
 class TensorParallelRegion:
@@ -100,8 +72,10 @@ class TensorParallelRegion:
     def exit(self, y: torch.Tensor) -> torch.Tensor:  # (B, T, H) partial sums → (B, T, H)
         return reduce_from_tensor_parallel(y, self.group)  # g
 
-    def positions(self, wpe: nn.Embedding) -> nn.Module:
-        return wpe  # every rank sees every position
+    def positions(self, embedding: nn.Embedding) -> nn.Module:
+        """A learned position embedding (looked up by position, not by token): whole here, every rank sees every
+        position; `SequenceParallelRegion` looks up this rank's positions only."""
+        return embedding
 
     def finish_grads(self, model: nn.Module) -> None:
         """Nothing to do: f and g already give replicated parameters the same full gradient on every rank."""
@@ -194,72 +168,90 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return grad_logits * grad[:, None], None, None
 
 
-def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
-                                 region: TensorParallelRegion) -> torch.Tensor:
-    """Mean next-token loss from vocab-split logits (B, T, V/t) and targets (B, T): equals TinyGPT.loss."""
+def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, region) -> torch.Tensor:
+    """Mean cross-entropy of vocab-split logits (…, V/t) against targets (…) in the whole vocabulary: equals
+    F.cross_entropy of the gathered logits. `region`: the region or group the head was split over."""
     per_token = _VocabParallelCrossEntropy.apply(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
-                                                 region.group)
+                                                 as_region(region).group)
     return per_token.mean()
 
 
-def parallelize(model: TinyGPT, region: TensorParallelRegion) -> TinyGPT:
-    """Split a full TinyGPT in place across the region's ranks following TP_PLAN, and return it.
+def check_plan(module: nn.Module, plan: dict[str, str], tp: int, inputs=()) -> dict[str, str]:
+    """{submodule name: style} for every submodule `plan` ({name pattern: style}; the first pattern that matches a
+    name wins) splits, or a one-line ValueError naming the fix. Needs no process group."""
+    named = dict(module.named_modules())
+    layers = [n for n, m in named.items() if isinstance(m, (nn.Linear, nn.Embedding))]
+    for pattern, style in plan.items():
+        if style not in STYLES:
+            raise ValueError(f"unknown style {style!r} for {pattern!r}: use one of {', '.join(STYLES)}")
+    for what, pattern in [*(("plan pattern", p) for p in plan), *(("inputs pattern", p) for p in inputs)]:
+        if not any(_matches(name, pattern) for name in named):
+            raise ValueError(f"{what} {pattern!r} matches no submodule of {type(module).__name__}: use its "
+                             f"submodule names, e.g. {', '.join(layers[:3]) or ', '.join(list(named)[1:4])}")
+    styles = {}
+    for name, sub in named.items():
+        style = next((s for pattern, s in plan.items() if _matches(name, pattern)), None)
+        if style is None:
+            continue
+        kind = STYLES[style][0]
+        if not isinstance(sub, kind):
+            raise ValueError(f"{name!r} is a {type(sub).__name__}, but {style!r} splits an nn.{kind.__name__}: point "
+                             f"the pattern at nn.{kind.__name__} layers only")
+        styles[name] = style
+    widths = {name: getattr(named[name], STYLES[style][1]) for name, style in styles.items()}
+    common = math.gcd(*widths.values()) if widths else 1
+    for name, width in widths.items():
+        if width % tp:
+            fits = ", ".join(str(d) for d in range(1, common + 1) if common % d == 0)
+            raise ValueError(f"tp={tp} does not divide the {width} {STYLES[styles[name]][2]} of {name!r}: every "
+                             f"rank needs an equal slice; use tp={fits}")
+    entries = _entries(named, inputs)
+    for name in entries:
+        outer = next((e for e in entries if _within(name, e) and e != name), None)
+        if outer is not None:
+            raise ValueError(f"inputs entries {outer!r} and {name!r} nest: f would run twice on one path and sum "
+                             "its gradient tp times over; keep the inner one")
+        if not any(style == "colwise" and _within(n, name) for n, style in styles.items()):
+            raise ValueError(f"inputs entry {name!r} holds no colwise layer: f there would sum its whole input "
+                             "gradient tp times; list only modules whose colwise layers share their input")
+    return styles
 
-    The module tree and parameter names stay TinyGPT's (a shard is compared with the full model through
-    `full_slice`); its forward is TinyGPT's own, with f (or the sequence all-gather) run by a forward pre-hook
-    where an input enters a split region. The output is vocab-split logits: use vocab_parallel_cross_entropy.
+
+def _matches(name: str, pattern: str) -> bool:
+    """`blocks.*.attn.q` matches `blocks.3.attn.q`: fnmatch part by part (`*` never spans a dot), as DTensor's
+    `parallelize_module` reads the same plan."""
+    parts, wanted = name.split("."), pattern.split(".")
+    return bool(name) and len(parts) == len(wanted) and all(fnmatch(a, b) for a, b in zip(parts, wanted))
+
+
+def _entries(names, inputs) -> list[str]:
+    """The submodules matching a pattern in `inputs`: where f runs, once, for the colwise layers inside."""
+    return [n for n in names if any(_matches(n, p) for p in inputs)]
+
+
+def _within(name: str, outer: str) -> bool:
+    return name == outer or name.startswith(outer + ".")
+
+
+def parallelize(module: nn.Module, plan: dict[str, str], region, inputs=None) -> nn.Module:
+    """Split `module` in place across `region`'s ranks following `plan`, and return it.
+
+    `plan`: {submodule name pattern: style}, `*` standing for one part of a dotted name (`blocks.*.mlp.fc`).
+    `region`: a TensorParallelRegion, a SequenceParallelRegion or a process group (the default region over it).
+    Each planned layer is replaced by its split version under the same name (so `full_slice` maps every shard
+    to the full model's tensor); the module's own forward runs unchanged. f (region.enter) runs in a forward
+    pre-hook on the input of each module matching a pattern in `inputs`, and of every colwise layer outside
+    them. A "rowwise" layer's input must be split (a colwise layer's output); its output is whole again.
     """
-    check_divisible(model.cfg, region.size, region.sequence_parallel)
-    styles = {"colwise": ColumnParallelLinear, "rowwise": RowParallelLinear, "vocab": VocabParallelEmbedding}
-    for name, module in list(model.named_modules()):
-        style = plan_style(name)
-        if style is not None:
-            parent, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(parent), attr, styles[style](module, region))
-    for name, module in model.named_modules():
-        if any(fnmatch(name, pattern) for pattern in REGION_INPUTS):
-            module.register_forward_pre_hook(lambda _module, args: (region.enter(args[0]), *args[1:]))
-    model.wpe = region.positions(model.wpe)
-    return model
-
-
-@register("tp")
-class TensorParallel(Strategy):
-    """dp = 1: all ranks form one tensor-parallel group, see the whole batch and hold the same loss."""
-
-    region_type = TensorParallelRegion
-
-    @classmethod
-    def layout(cls, cfg: TrainConfig) -> tuple[int, int, int]:
-        tp = cfg.tp or cfg.nproc
-        if tp != cfg.nproc or (cfg.dp or 1) != 1 or (cfg.pp or 1) != 1:
-            raise ValueError(f"{cls.name} is tensor parallelism alone: give --tp equal to --nproc (got --tp {tp}, "
-                             f"--nproc {cfg.nproc}) and no --dp/--pp; the 3d strategy combines them")
-        check_divisible(cfg.model, tp, cls.region_type.sequence_parallel)
-        if cfg.global_batch % cfg.microbatches:
-            raise ValueError(f"--global-batch {cfg.global_batch} must be divisible by --microbatches "
-                             f"{cfg.microbatches}")
-        return 1, tp, 1
-
-    def __init__(self, ctx, cfg):
-        super().__init__(ctx, cfg)
-        self.model = self.build_model()
-        self.optimizer = self.new_optimizer(self.model.parameters())
-
-    def build_model(self) -> nn.Module:
-        self.region = self.region_type(dist.new_group(list(range(self.tp))))  # dp = pp = 1: every rank
-        return parallelize(self.new_model(), self.region)
-
-    def train_step(self, x, y):
-        self.optimizer.zero_grad(set_to_none=True)
-        chunks = split_microbatches(x.to(self.ctx.device), y.to(self.ctx.device), self.cfg.microbatches)
-        loss_sum = 0.0
-        for xb, yb in chunks:  # (B/M, T) each; gradients summed with weight 1/M, as `Strategy.accumulate`
-            with self.region.saving():
-                loss = vocab_parallel_cross_entropy(self.model(xb), yb, self.region)
-            (loss / len(chunks)).backward()
-            loss_sum += loss.item() * xb.size(0)
-        self.region.finish_grads(self.model)
-        self.optimizer.step()
-        # Every tensor-parallel rank computed the same loss on the same batch: only rank 0 reports it.
-        return (loss_sum, x.size(0)) if self.region.rank == 0 else (0.0, 0)
+    region = as_region(region)
+    inputs = tuple(inputs or ())
+    styles = check_plan(module, plan, region.size, inputs)
+    split = {"colwise": ColumnParallelLinear, "rowwise": RowParallelLinear, "vocab": VocabParallelEmbedding}
+    for name, style in styles.items():
+        parent, _, attr = name.rpartition(".")
+        setattr(module.get_submodule(parent), attr, split[style](module.get_submodule(name), region))
+    entries = _entries(dict(module.named_modules()), inputs)
+    entries += [n for n, style in styles.items() if style == "colwise" and not any(_within(n, e) for e in entries)]
+    for name in entries:
+        module.get_submodule(name).register_forward_pre_hook(lambda _m, args: (region.enter(args[0]), *args[1:]))
+    return module

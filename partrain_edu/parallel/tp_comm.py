@@ -55,7 +55,7 @@ def reduce_scatter_sequence(full: torch.Tensor, group) -> torch.Tensor:
     seq_first = full.transpose(0, 1).contiguous()                       # (T, B, H)
     if seq_first.shape[0] % _size(group):
         raise ValueError(f"sequence length {seq_first.shape[0]} is not divisible by the {_size(group)} "
-                         "tensor-parallel ranks; pick a seq_len that is a multiple of --tp")
+                         "tensor-parallel ranks; pick a seq_len that is a multiple of tp")
     shard = seq_first.new_empty((seq_first.shape[0] // _size(group), *seq_first.shape[1:]))  # (T/t, B, H)
     dist.reduce_scatter_single(shard, seq_first, group=group)
     return shard.transpose(0, 1).contiguous()                           # (B, T/t, H)

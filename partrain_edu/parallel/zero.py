@@ -1,174 +1,192 @@
-"""ZeRO-1 and ZeRO-2 from scratch: optimizer states (and gradients) sharded over the data-parallel ranks.
+"""ZeRO-1 and ZeRO-2 from scratch (零冗余优化器): optimizer states (and gradients) sharded over data parallelism.
 
+    opt = ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=1, lr=3e-3)   # any model, no DDP wrapper
     partrain-edu train --strategy zero1 --nproc 4 --steps 20 --json
-    partrain-edu train --strategy zero2 --nproc 4 --steps 20 --json
 
-Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models" (零冗余优化器).
-DDP keeps the same optimizer states on every rank: redundant. ZeRO gives each of the n ranks one contiguous
-1/n of the model's parameters, flattened into one buffer and padded to a multiple of n (⌈Ψ/n⌉ per rank, as
-DeepSpeed and FSDP pad), and only that rank updates it.
+Rajbhandari et al. 2020, "ZeRO", §5.1–5.2. Every rank keeps the whole model for forward and backward; the
+trainable parameters of each dtype are laid in one flat buffer (`flat_shard.FlatShard`) and rank k updates only
+its chunk of ⌈Ψ/n⌉ elements. Sharded, fp32 + Adam: stage 1 optimizer 8⌈Ψ/n⌉ (grads stay 4Ψ); stage 2 also
+grads 4⌈Ψ/n⌉. Sent per step (§7.2.1): reduce-scatter of the gradients, all-gather of the updated chunks,
+2(n−1)/n·Ψ·4 bytes — DDP's all-reduce, which IS a reduce-scatter then an all-gather. Stage 2 reduce-scatters
+at the end of every backward (m per step with m micro-batches) and drops the full gradients.
 
-Sharded (per rank, Ψ parameters, fp32 + AdamW: 4 + 4 + 8 bytes per parameter, `theory.memory`):
-    zero1 (P_os)      params 4Ψ   grads 4Ψ        optimizer 8⌈Ψ/n⌉
-    zero2 (P_os+g)    params 4Ψ   grads 4⌈Ψ/n⌉    optimizer 8⌈Ψ/n⌉
-AdamW also keeps one 4-byte `step` scalar per parameter tensor it updates: ZeRO's optimizer sees ONE tensor
-(the flat shard), so 4 bytes, where `single`'s sees 69 tensors (276 bytes). `theory.memory` leaves these out.
-
-Communicated per step (ZeRO paper §7.2.1): the gradients are reduce-scattered (each rank receives the sum of
-its own 1/n), the optimizer updates the shard, the updated shards are all-gathered into every replica:
-(n−1)/n·Ψ·4 + (n−1)/n·Ψ·4 = 2(n−1)/n·Ψ·4 bytes sent — exactly DDP's all-reduce, which IS a reduce-scatter
-followed by an all-gather. ZeRO-2 reduce-scatters after every micro-batch's backward and then drops the full
-gradients, so only the shard's gradient stays resident (m reduce-scatters per step, `theory.traffic`). Here the
-full gradients still exist while one backward runs; DeepSpeed also bounds that transient by reduce-scattering
-in buckets during backward (the overlap `ddp.py` shows with `buckets.py`) — the same bytes either way.
-
-Generic over `torch.optim`: the optimizer simply receives one parameter, this rank's flat shard. Every
-optimizer whose update is elementwise (SGD, Adam, AdamW, …) then takes exactly the step it would take on the
-whole model; the padding elements have zero parameters and zero gradients and stay zero.
+The inner optimizer is given this rank's *pieces* of the parameters, so an elementwise update (SGD, Adam,
+AdamW, …) is exactly the single-process one, parameter by parameter: param groups, a `step` per parameter, and
+no update for a parameter without a gradient. Frozen parameters are left out, as one process leaves them.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Iterable
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 
-from partrain_edu.data import split_microbatches
-from partrain_edu.parallel.ddp import broadcast_parameters
-from partrain_edu.train import Strategy, data_parallel_batch, register
+from partrain_edu.parallel.flat_shard import FlatShard, by_dtype
+
+# Optimizers whose update of an element reads only that element's parameter, gradient and state: splitting a
+# parameter across ranks then changes nothing. LAMB/LARS-style trust ratios or Adafactor's factored moments
+# read whole-tensor norms and would not.
+ELEMENTWISE = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, torch.optim.RMSprop,
+               torch.optim.Adamax, torch.optim.NAdam, torch.optim.RAdam, torch.optim.Adadelta)
 
 
-class FlatShard:
-    """`params` laid out in one flat fp32 buffer of `padded` = ⌈numel/n⌉·n elements; this rank owns the
-    contiguous chunk [rank·s, (rank+1)·s), s = padded/n, as the nn.Parameter `shard` an optimizer can update.
+def broadcast_tensors(tensors: Iterable[torch.Tensor], group=None) -> None:
+    """Copy group rank 0's values into every rank's tensors: the replicas start from the same point."""
+    src = dist.get_global_rank(group if group is not None else dist.group.WORLD, 0)
+    with torch.no_grad():
+        for t in tensors:
+            dist.broadcast(t, src=src, group=group)
 
-    keep_full=True (ZeRO-1/2): the full buffer stays, the parameters become views into it and `shard` is a
-    view of this rank's chunk — the fp32 weights are their own master copy, no byte is held twice.
-    keep_full=False (ZeRO-3): only the shard stays; the caller gathers the full buffer when it needs it."""
 
-    def __init__(self, params: Iterable[nn.Parameter], group=None, keep_full: bool = True):
-        self.params, self.group = list(params), group
-        self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        self.spans, start = [], 0
-        for p in self.params:
-            self.spans.append((start, start + p.numel(), p.shape))
-            start += p.numel()
-        self.numel = start
-        self.shard_numel = -(-start // self.world)              # s = ⌈Ψ/n⌉
-        self.padded = self.shard_numel * self.world
-        p0 = self.params[0]
-        full = torch.zeros(self.padded, dtype=p0.dtype, device=p0.device)   # (padded,)
-        with torch.no_grad():
-            for p, view in zip(self.params, self.views(full)):
-                view.copy_(p)
-        lo = self.rank * self.shard_numel
-        if keep_full:
-            self.full = full
-            for p, view in zip(self.params, self.views(full)):
-                p.data = view                                   # the module now reads the flat buffer
-            self.shard = nn.Parameter(full[lo:lo + self.shard_numel])            # (s,) a view, no copy
-        else:
-            self.full = None
-            self.shard = nn.Parameter(full[lo:lo + self.shard_numel].clone())    # (s,) the only copy
+class ZeroOptimizer(torch.optim.Optimizer):
+    """`optimizer_class` over this rank's pieces of the trainable parameters; averages the gradients itself
+    (use it on a plain replica, not inside DDP). `step()` = reduce-scatter, update the pieces, all-gather.
+    `state_dict()` / `load_state_dict()` speak the single-process format (every rank must call them)."""
 
-    def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """Each parameter's place in a (padded,) buffer, shaped like the parameter."""
-        return [flat[a:b].view(shape) for a, b, shape in self.spans]
+    def __init__(self, params, optimizer_class=torch.optim.AdamW, stage: int = 1, group=None,
+                 elementwise: bool = False, **defaults):
+        if stage not in (1, 2):
+            raise ValueError(f"stage must be 1 (optimizer states) or 2 (+ gradients), got {stage}; "
+                             "stage 3 shards the parameters too: use FullyShardedDataParallel")
+        if not (elementwise or issubclass(optimizer_class, ELEMENTWISE)):
+            raise ValueError(f"{optimizer_class.__name__} may read whole-tensor norms; ZeroOptimizer splits tensors "
+                             "across ranks, so it supports elementwise optimizers (SGD, Adam, AdamW, ...): pass "
+                             "elementwise=True if yours is one")
+        self._building = True
+        super().__init__(params, defaults)
+        self.stage, self.group = stage, group
+        trainable = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+        if not trainable:
+            raise ValueError("ZeroOptimizer got no parameter with requires_grad=True: nothing to train")
+        broadcast_tensors(trainable, group)
+        self.flats = [FlatShard(ps, group, keep_full=True) for ps in by_dtype(trainable)]
+        self._where = {id(p): (f, i) for f in self.flats for i, p in enumerate(f.params)}
+        inner_groups = [{**{k: v for k, v in g.items() if k != "params"},
+                         "params": [self._piece(p) for p in g["params"] if p.requires_grad]} for g in self.param_groups]
+        self.inner = optimizer_class(inner_groups, **defaults)
+        for mine, theirs in zip(self.param_groups, self.inner.param_groups):
+            for key, value in theirs.items():                   # the optimizer's own defaults, visible here
+                mine.setdefault(key, value)
+        self.state = self.inner.state                           # this rank's states, keyed by piece
+        self._grads = {id(f): None for f in self.flats}         # (s,) reduced gradient, summed over backwards
+        self._used = {id(f): [False] * len(f.params) for f in self.flats}
+        self._hooks = []
+        if stage == 2:                                          # reduce-scatter as each backward ends
+            self._in_backward = False
+            self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in trainable]
+        self._building = False
 
-    def flatten(self, tensors: list[torch.Tensor | None]) -> torch.Tensor:
-        """(padded,) buffer of `tensors` laid out like the parameters; None and the padding are zeros."""
-        flat = torch.zeros(self.padded, dtype=self.shard.dtype, device=self.shard.device)
-        for t, view in zip(tensors, self.views(flat)):
-            if t is not None:
-                view.copy_(t)
-        return flat
+    def _piece(self, p: torch.Tensor) -> torch.Tensor:
+        flat, i = self._where[id(p)]
+        return flat.pieces[i]
 
-    def reduce_scatter_mean(self, flat: torch.Tensor) -> torch.Tensor:
-        """(s,) this rank's chunk of the mean over ranks of `flat` (padded,). Divided first, as DDP does."""
-        flat.div_(self.world)
-        out = torch.empty(self.shard_numel, dtype=flat.dtype, device=flat.device)
-        dist.reduce_scatter_single(out, flat, group=self.group)
-        return out
+    def add_param_group(self, param_group: dict) -> None:
+        if not self._building:
+            raise ValueError("ZeroOptimizer lays its parameters out once: pass every param group to the constructor")
+        super().add_param_group(param_group)
 
-    def all_gather(self, out: torch.Tensor | None = None, async_op: bool = False):
-        """Every rank's shard, concatenated into `out` (padded,) (a new buffer when None)."""
-        if out is None:
-            out = torch.empty(self.padded, dtype=self.shard.dtype, device=self.shard.device)
-        # A copy of the shard goes in: under ZeRO-1/2 the shard is a view of `out` itself, and a collective
-        # whose input aliases its output is undefined on some backends.
-        work = dist.all_gather_single(out, self.shard.detach().clone(), group=self.group,
-                                           async_op=async_op)
-        return (out, work) if async_op else out
+    def _on_grad(self, _param) -> None:
+        if not self._in_backward:                               # once per backward, as DDP's reducer does
+            self._in_backward = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+
+    def _end_of_backward(self) -> None:
+        self._in_backward = False
+        self.reduce_gradients()
+
+    @torch.no_grad()
+    def reduce_gradients(self) -> None:
+        """Reduce-scatter the full gradients into this rank's chunk (summed over calls) and drop them.
+        `step()` calls it; under stage 2 the end of every backward does, so only the chunk stays resident."""
+        for flat in self.flats:
+            grads = [p.grad for p in flat.params]
+            part = flat.reduce_scatter_mean(flat.flatten(grads))   # (s,) all ranks, even with no gradient
+            mine = self._grads[id(flat)]
+            self._grads[id(flat)] = part if mine is None else mine.add_(part)
+            self._used[id(flat)] = [u or g is not None for u, g in zip(self._used[id(flat)], grads)]
+            if self.stage == 2:
+                for p in flat.params:
+                    p.grad = None
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self.stage == 1:                                     # reduce what autograd accumulated, once
+            self._clear_reduced()
+            self.reduce_gradients()
+        elif any(p.grad is not None for f in self.flats for p in f.params):
+            self.reduce_gradients()                             # a backward this optimizer did not see end
+        for mine, theirs in zip(self.param_groups, self.inner.param_groups):
+            theirs.update({k: v for k, v in mine.items() if k != "params"})   # an LR scheduler writes ours
+        for flat in self.flats:
+            flat.set_piece_grads(self._grads[id(flat)], self._used[id(flat)])
+        self.inner.step()
+        for flat in self.flats:
+            flat.all_gather(out=flat.full)                      # every replica gets every updated chunk
+        if self.stage == 1:
+            self._clear_reduced()                               # stage 1's resident gradients are the full ones
+        return loss
+
+    def _clear_reduced(self) -> None:
+        for flat in self.flats:
+            flat.set_piece_grads(None, [False] * len(flat.params))
+            self._grads[id(flat)], self._used[id(flat)] = None, [False] * len(flat.params)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        self._clear_reduced()
+
+    def gradient_shards(self) -> list[torch.Tensor]:
+        """The reduced gradient chunks alive now (stage 2 keeps them from backward until `zero_grad`)."""
+        return [g for g in self._grads.values() if g is not None]
+
+    def state_dict(self) -> dict:
+        """The single-process optimizer's state dict (full states, parameters numbered across groups)."""
+        index = {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+        state = {}
+        for flat in self.flats:
+            pieces = [self.inner.state.get(piece, {}) for piece in flat.pieces]
+            # Per-element states (moments, momentum) are all-gathered; scalars (`step`) travel as objects.
+            # Ranks may hold different keys (a rank whose pieces never had a gradient holds none): agree first.
+            mine = ([bool(st) for st in pieces], {k for st in pieces for k, v in st.items()
+                                                  if isinstance(v, torch.Tensor) and v.dim() > 0},
+                    [{k: v for k, v in st.items() if not (isinstance(v, torch.Tensor) and v.dim() > 0)}
+                     for st in pieces])
+            everyone = [None] * dist.get_world_size(self.group)
+            dist.all_gather_object(everyone, mine, group=self.group)
+            keys = sorted(set().union(*(e[1] for e in everyone)))
+            full = {k: flat.gather_state([st.get(k) for st in pieces]) for k in keys}
+            for i, p in enumerate(flat.params):
+                holders = [e for e in everyone if e[0][i]]
+                if not holders:
+                    continue                                    # never stepped: absent, as in one process
+                a, b, shape = flat.spans[i]
+                state[index[id(p)]] = {**holders[0][2][i], **{k: v[a:b].view(shape).clone() for k, v in full.items()}}
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [index[id(p)] for p in g["params"]]}
+                  for g in self.param_groups]
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load a single-process state dict (from `state_dict()` or a plain optimizer): keep this rank's pieces."""
+        params = [p for g in self.param_groups for p in g["params"]]
+        if len(state_dict["param_groups"]) != len(self.param_groups):
+            raise ValueError(f"state dict has {len(state_dict['param_groups'])} param groups, this optimizer "
+                             f"{len(self.param_groups)}: load it into an optimizer built the same way")
+        for mine, saved in zip(self.param_groups, state_dict["param_groups"]):
+            mine.update({k: v for k, v in saved.items() if k != "params"})
+        self.inner.state.clear()
+        for i, st in state_dict["state"].items():
+            p = params[int(i)]
+            if id(p) not in self._where:
+                continue
+            flat, j = self._where[id(p)]
+            self.inner.state[flat.pieces[j]] = {
+                k: flat.piece_of(j, v).clone() if isinstance(v, torch.Tensor) and v.shape == p.shape and v.dim() > 0
+                else (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in st.items()}
 
 
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
-
-
-class _ZeroDataParallel(Strategy):
-    """ZeRO-1/2: full replicas for forward and backward, one flat shard per rank for the optimizer."""
-
-    shard_gradients: bool = False
-
-    def __init__(self, ctx, cfg, group=None, make_optimizer: Callable | None = None):
-        super().__init__(ctx, cfg)
-        self.group = group
-        self.model = self.new_model()
-        broadcast_parameters(self.model, group)                 # every replica starts from rank 0's weights
-        self.flat = FlatShard(self.model.parameters(), group, keep_full=True)
-        make = make_optimizer or self.new_optimizer
-        self.optimizer = make([self.flat.shard])                # the optimizer only ever sees the shard
-        if not self.shard_gradients:
-            # ZeRO-1 keeps full gradients: let autograd accumulate straight into one flat buffer.
-            self.flat_grad = torch.zeros_like(self.flat.full)   # (padded,)
-            for p, view in zip(self.flat.params, self.flat.views(self.flat_grad)):
-                p.grad = view
-
-    def train_step(self, x, y):
-        x, y = data_parallel_batch(self, x, y)                  # (B/dp, T) each
-        flat = self.flat
-        if self.shard_gradients:
-            flat.shard.grad = None
-            loss_sum = 0.0
-            for xb, yb in self._micro(x, y):                    # reduce-scatter after every micro-batch
-                loss_sum += self._forward_backward(xb, yb)
-                grad = flat.flatten([p.grad for p in flat.params])   # (padded,) transient
-                for p in flat.params:
-                    p.grad = None                               # drop the full gradients at once
-                part = flat.reduce_scatter_mean(grad)           # (s,)
-                flat.shard.grad = part if flat.shard.grad is None else flat.shard.grad.add_(part)
-            count = x.size(0)
-        else:
-            self.flat_grad.zero_()
-            loss_sum, count = self.accumulate(self.model, x, y)
-            flat.shard.grad = flat.reduce_scatter_mean(self.flat_grad)   # (s,) transient
-        self.optimizer.step()                                   # updates this rank's chunk of flat.full
-        if not self.shard_gradients:
-            flat.shard.grad = None                              # ZeRO-1's resident gradients are the full ones
-        flat.all_gather(out=flat.full)                          # every replica gets every updated chunk
-        return loss_sum, count
-
-    def _micro(self, x, y):
-        return split_microbatches(x.to(self.ctx.device), y.to(self.ctx.device), self.cfg.microbatches)
-
-    def _forward_backward(self, xb, yb) -> float:
-        loss = type(self.model).loss(self.model(xb), yb)
-        (loss / self.cfg.microbatches).backward()
-        return loss.item() * xb.size(0)
-
-    def state_tensors(self):
-        grads = [self.flat.shard.grad] if self.shard_gradients else [p.grad for p in self.flat.params]
-        return {"params": list(self.model.parameters()),      # views of flat.full: Ψ elements
-                "grads": [g for g in grads if g is not None],
-                "optimizer": optimizer_state_tensors(self.optimizer)}
-
-
-@register("zero1")
-class Zero1(_ZeroDataParallel):
-    shard_gradients = False
-
-
-@register("zero2")
-class Zero2(_ZeroDataParallel):
-    shard_gradients = True

@@ -9,6 +9,10 @@
 prints one JSON object with ``--json`` (else a table for people) and returns 0. On bad input a handler
 raises ValueError with one line naming the fix; ``partrain_edu/cli.py`` prints it and exits 2. Argument
 types raise ``argparse.ArgumentTypeError`` with the same words, so argparse reports them in one line too.
+
+Every command answers within seconds: sizes stop at 1e18 (``units.MAX_SIZE``), durations at ``MAX_SECONDS``,
+the pipeline simulator at ``MAX_STAGES`` stages and ``MAX_PIPELINE_ACTIONS`` actions, and no result beyond
+``MAX_RESULT`` is printed (such counts of layers, heads or tokens describe no machine).
 """
 
 from __future__ import annotations
@@ -21,6 +25,13 @@ from partrain_edu.theory.planner import plan
 from partrain_edu.theory.schedules import SCHEDULES, build_schedule, simulate
 from partrain_edu.theory.traffic import LINKS, STRATEGIES, step_traffic
 from partrain_edu.units import parse_size
+
+MAX_SECONDS = 1e9               # ≈ 30 years per stage action; keeps a simulated makespan inside float range
+# The simulator sweeps every stage until nothing moves: its time grows with stages × (stages + micro-batches)
+# and with the number of actions. These limits keep the slowest schedule (zb-h1) to a few seconds here.
+MAX_STAGES = 256
+MAX_PIPELINE_ACTIONS = 20_000   # --stages × --microbatches × --chunks
+MAX_RESULT = 10**30             # bytes, counts or seconds: ten million times all the world's storage
 
 
 def size(text: str) -> int:
@@ -48,17 +59,35 @@ def seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number such as 1.5, got {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    if not 0 <= value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0 and at most 1e9, got {text!r}")
     return value
 
 
+def _too_large(value) -> bool:
+    """Whether any number inside a result (nested dicts and lists) is beyond MAX_RESULT."""
+    if isinstance(value, dict):
+        return any(_too_large(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_too_large(v) for v in value)
+    return isinstance(value, (int, float)) and not value <= MAX_RESULT
+
+
 def _emit(args: argparse.Namespace, result) -> int:
-    print(json.dumps(result.to_dict()) if args.json else result.table())
+    data = result.to_dict()
+    # Positive whole numbers have no upper bound on the command line: --seq 10**40 computes fine, but its
+    # 100-digit result is no answer (and would overflow the float maths of the tables).
+    if _too_large(data):
+        raise ValueError("the result is beyond 1e30, which describes no real machine; "
+                         "give realistic sizes (--layers, --hidden, --heads, --seq, --micro-batch, ...)")
+    print(json.dumps(data) if args.json else result.table())
     return 0
 
 
 def run_memory(args: argparse.Namespace) -> int:
+    if args.sequence_parallel and (args.micro_batch is None or args.tp == 1):
+        raise ValueError("--sequence-parallel splits activations over the --tp ranks: give --tp 2 or more and "
+                         "the activation flags (--layers, --hidden, --heads, --seq, --micro-batch), or drop it")
     return _emit(args, estimate_memory(
         args.params, dp=args.dp, tp=args.tp, pp=args.pp, zero=args.zero, precision=args.precision,
         optimizer=args.optimizer, layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq,
@@ -75,6 +104,13 @@ def run_traffic(args: argparse.Namespace) -> int:
 
 def run_pipeline(args: argparse.Namespace) -> int:
     chunks = args.chunks if args.chunks is not None else (2 if args.schedule == "interleaved" else 1)
+    if args.stages > MAX_STAGES:
+        raise ValueError(f"--stages must be at most {MAX_STAGES}, got {args.stages}: simulating more takes "
+                         "minutes; a smaller pipeline shows the same schedule")
+    if args.stages * args.microbatches * chunks > MAX_PIPELINE_ACTIONS:
+        raise ValueError(f"--stages × --microbatches × --chunks must be at most {MAX_PIPELINE_ACTIONS:,}, got "
+                         f"{args.stages} × {args.microbatches} × {chunks}: simulating more takes minutes; "
+                         "use fewer stages or micro-batches")
     schedule = build_schedule(args.schedule, args.stages, args.microbatches, chunks)
     return _emit(args, simulate(schedule, args.t_forward, args.t_backward, args.t_weight))
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from partrain_edu.theory import grid
 from partrain_edu.theory.memory import activation_bytes_per_layer, estimate_memory
 from partrain_edu.theory.traffic import LINKS, step_traffic
 from partrain_edu.units import format_bytes, format_count, parse_size
@@ -112,6 +113,12 @@ class Plan:
             f"  why: {self.reason}"])
 
 
+def link_of(dim: str, sizes: dict[str, int], gpus_per_node: int, interconnect: str) -> str:
+    """The link a group along `dim` talks over: NVLink when one node holds the group's whole block of the
+    rank grid (`theory.grid`: tp innermost, so a tp group is tp consecutive ranks, a dp group tp·dp)."""
+    return "nvlink" if gpus_per_node > 1 and grid.block(dim, sizes) <= gpus_per_node else interconnect
+
+
 def _powers_of_two(limit: int) -> list[int]:
     return [2**k for k in range(limit.bit_length()) if 2**k <= limit]
 
@@ -131,10 +138,6 @@ def candidate_layouts(params: int | str, gpus: int, gpu_memory: int | str, gpus_
     shape = assumed_shape(params)
     layer_params = 12 * shape.hidden**2 + 13 * shape.hidden
 
-    # Ranks are ordered tp fastest, then dp, then pp (Megatron-LM), so a tp group spans tp consecutive
-    # ranks, a dp group tp·dp and a pp group all of them; a group inside one node talks over NVLink.
-    def bandwidth(span: int) -> float:
-        return LINKS["nvlink"] if span <= gpus_per_node and gpus_per_node > 1 else LINKS[interconnect]
 
     layouts = []
     for tp in _powers_of_two(min(gpus_per_node, gpus)):
@@ -161,11 +164,15 @@ def candidate_layouts(params: int | str, gpus: int, gpu_memory: int | str, gpus_
                 flops = (8 if recompute == "full" else 6) * params * seqs * SEQ / (tp * pp)
                 compute = flops / FLOPS_PER_GPU * (m + pp - 1) / m
                 shape_kw = dict(layers=shape.layers, hidden=shape.hidden, seq=SEQ, micro_batch=b, microbatches=m)
-                critical = (step_traffic("tp", tp=tp, pp=pp, **shape_kw).per_rank_bytes_sent / bandwidth(tp)
-                            + step_traffic("pp", pp=pp, **shape_kw).per_rank_bytes_sent / bandwidth(gpus))
+                sizes = {"pp": pp, "dp": dp, "tp": tp}
+
+                def bandwidth(dim: str) -> float:
+                    return LINKS[link_of(dim, sizes, gpus_per_node, interconnect)]
+                critical = (step_traffic("tp", tp=tp, pp=pp, **shape_kw).per_rank_bytes_sent / bandwidth("tp")
+                            + step_traffic("pp", pp=pp, **shape_kw).per_rank_bytes_sent / bandwidth("pp"))
                 dp_name = "ddp" if zero == 0 else f"zero{zero}"
                 dp_time = (step_traffic(dp_name, params, dp=dp, tp=tp, pp=pp, microbatches=m)
-                           .per_rank_bytes_sent / bandwidth(tp * dp))
+                           .per_rank_bytes_sent / bandwidth("dp"))
                 exposed = max(0.0, dp_time - compute)
                 layouts.append(Layout(strategy, dp, tp, pp, zero, b, m, recompute, total,
                                       compute + critical + exposed, exposed + critical))

@@ -4,8 +4,10 @@ Widgets (each a ``WidgetApp``: ``app.controls[name].value = …`` redraws as mov
 ``memory_widget()`` (the memory wall, ZeRO stages 0–3), ``pipeline_widget()`` (schedules and bubbles),
 ``traffic_widget()`` (a collective step by step; bytes per strategy and time per link), ``planner_widget()``.
 Figures: ``memory_figure``, ``pipeline_figure`` (simulated or measured timelines), ``collective_figure``,
-``strategy_traffic_figure``, ``planner_figure``, ``parallel_axes_figure``. Colours: ``viz.palette``.
+``strategy_traffic_figure``, ``planner_figure``, ``parallel_axes_figure``, ``grid_figure`` (ranks on nodes).
+Colours: ``viz.palette``.
 """
+from partrain_edu.viz.grid import grid_figure
 from partrain_edu.viz.memory import memory_figure, memory_widget, zero_stage_estimates
 from partrain_edu.viz.overview import parallel_axes_figure
 from partrain_edu.viz.pipeline import bubble_formula, inflight_curves, pipeline_figure, pipeline_widget
@@ -17,5 +19,5 @@ __all__ = [
     "memory_widget", "pipeline_widget", "traffic_widget", "planner_widget",
     "memory_figure", "zero_stage_estimates", "pipeline_figure", "bubble_formula", "inflight_curves",
     "collective_figure", "strategy_traffic", "strategy_traffic_figure", "planner_figure",
-    "parallel_axes_figure",
+    "parallel_axes_figure", "grid_figure",
 ]

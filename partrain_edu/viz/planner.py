@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from partrain_edu.theory.memory import estimate_memory
-from partrain_edu.theory.planner import SEQ, USABLE_FRACTION, Plan, plan
+from partrain_edu.theory.planner import SEQ, USABLE_FRACTION, Plan, link_of, plan
 from partrain_edu.theory.traffic import LINKS, step_traffic
 from partrain_edu.units import format_bytes, format_count, parse_size
 from partrain_edu.viz._app import DEVICE_MEMORY, POWERS_OF_TWO, Section, WidgetApp, link_model_preset, model_controls, toggles
@@ -43,22 +43,23 @@ def layout_memory(chosen: Plan, params: int) -> dict[str, int]:
 def layout_traffic(chosen: Plan, params: int, gpus: int, gpus_per_node: int, interconnect: str) -> list[tuple]:
     """(group, bytes per step, link name, seconds) for the tp, pp and dp groups of the chosen layout.
 
-    Ranks are ordered tp fastest, then dp, then pp (as in the planner), so a group spanning ≤ gpus_per_node
-    consecutive ranks stays inside a node and talks over NVLink.
+    Each group's link is the planner's (`theory.planner.link_of`, from the one rank grid).
     """
     lay, shape = chosen.layout, chosen.shape
     kw = dict(layers=shape.layers, hidden=shape.hidden, seq=SEQ, micro_batch=lay.micro_batch,
               microbatches=lay.microbatches)
 
-    def link(span: int) -> str:
-        return "nvlink" if span <= gpus_per_node and gpus_per_node > 1 else interconnect
+    sizes = {"pp": lay.pp, "dp": lay.dp, "tp": lay.tp}
+
+    def link(dim: str) -> str:
+        return link_of(dim, sizes, gpus_per_node, interconnect)
 
     dp_name = "ddp" if lay.zero == 0 else f"zero{lay.zero}"
-    rows = [(f"TP all-reduces (tp={lay.tp})", step_traffic("tp", tp=lay.tp, pp=lay.pp, **kw), link(lay.tp)),
-            (f"PP sends (pp={lay.pp})", step_traffic("pp", pp=lay.pp, **kw), link(gpus)),
+    rows = [(f"TP all-reduces (tp={lay.tp})", step_traffic("tp", tp=lay.tp, pp=lay.pp, **kw), link("tp")),
+            (f"PP sends (pp={lay.pp})", step_traffic("pp", pp=lay.pp, **kw), link("pp")),
             (f"DP {'all-reduce' if lay.zero == 0 else f'ZeRO-{lay.zero}'} (dp={lay.dp})",
              step_traffic(dp_name, params, dp=lay.dp, tp=lay.tp, pp=lay.pp, microbatches=lay.microbatches),
-             link(lay.tp * lay.dp))]
+             link("dp"))]
     return [(name, t.per_rank_bytes_sent, lk, t.per_rank_bytes_sent / LINKS[lk]) for name, t, lk in rows]
 
 

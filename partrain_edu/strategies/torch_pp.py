@@ -1,27 +1,26 @@
-"""PyTorch's own pipeline parallelism — `torch.distributed.pipelining` with `Schedule1F1B` — beside ours.
+"""`torch-pp`: PyTorch's own pipeline parallelism — `torch.distributed.pipelining` with `Schedule1F1B`.
 
     partrain-edu train --strategy torch-pp --nproc 4 --pp 4 --microbatches 8 --json
 
-**Sharded**: the same stages as `pp-1f1b` (pipeline.py's `build_stages`: balanced by parameter count, the
-embedding on the first stage, ln_f + head on the last), each wrapped in a `PipelineStage`. `Schedule1F1B`
-cuts the batch into m micro-batches itself, runs warm-up forwards / one-forward-one-backward / cool-down
-(PipeDream-Flush, Narayanan et al. 2021 §2.2.1), computes `loss_fn` on the last stage and, with
-`scale_grads=True`, divides the gradients by m — the same sum of (loss_mb / m)' as `single`.
-
-**Communicated**: the same (B/m, T, H) fp32 activations forward and gradients back. We give each stage its
-input and output shapes up front (`input_args`/`output_args`), so no shape-inference messages are sent.
-PyTorch sends through `dist.isend`/`dist.irecv` (or `batch_isend_irecv` when a batch mixes both), which it
-looks up on the `torch.distributed` module each step — so `CommTracer` sees them, and `comm` reports them
-in the same {op: {calls, bytes}} shape as for `pp-1f1b` (split into isend/irecv records; ours are isend too).
+Sharded: the same stages as `pp-1f1b` (strategies/pipeline.py's `build_stages`), each wrapped in a
+`PipelineStage`. `Schedule1F1B` cuts the batch into m micro-batches, runs warm-up forwards /
+one-forward-one-backward / cool-down (PipeDream-Flush, Narayanan et al. 2021 §2.2.1), computes `loss_fn` on
+the last stage and, with `scale_grads=True`, divides the gradients by m — the same sum of (loss_mb / m)' as
+`single`. Sent: the same (B/m, T, H) fp32 activations forward and gradients back, 2m messages of
+(B/m)·T·H·4 bytes per middle stage and step. Each stage is given its input and output shapes up front (measured
+once by `parallel.pipeline.infer_boundaries`), so PyTorch sends no shape-inference messages; it sends through
+`dist.isend`/`dist.irecv`, looked up on the module each step, so `CommTracer` sees them.
 """
 from __future__ import annotations
 
 import torch
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
+from partrain_edu.config import TrainConfig
 from partrain_edu.models import TinyGPT
-from partrain_edu.parallel.pipeline import build_stages, check_pipeline
-from partrain_edu.train import Strategy, TrainConfig, register
+from partrain_edu.parallel.pipeline import infer_boundaries
+from partrain_edu.strategies.base import Strategy, register
+from partrain_edu.strategies.pipeline import build_stages, check_pipeline
 
 
 @register("torch-pp")
@@ -38,13 +37,13 @@ class TorchPipeline(Strategy):
         (chunk,) = build_stages(cfg, ctx.rank, p)
         self.model = chunk.to(ctx.device)
         self.optimizer = self.new_optimizer(self.model.parameters())
-        b = cfg.global_batch // m
-        act = torch.empty(b, c.seq_len, c.n_embd, device=ctx.device, requires_grad=True)  # (B/m, T, H)
+        b, s = cfg.global_batch // m, ctx.rank
         tokens = torch.zeros(b, c.seq_len, dtype=torch.long, device=ctx.device)    # (B/m, T)
+        act = [torch.empty(shape, dtype=dtype, device=ctx.device, requires_grad=True)  # (B/m, T, H) each
+               for shape, dtype in infer_boundaries([self.model], s, list(range(p)), tokens)]
         logits = torch.empty(b, c.seq_len, c.vocab_size, device=ctx.device)        # (B/m, T, V)
-        self.stage = PipelineStage(self.model, ctx.rank, p, ctx.device,
-                                   input_args=tokens if chunk.first else act,
-                                   output_args=logits if chunk.last else act)
+        self.stage = PipelineStage(self.model, s, p, ctx.device, input_args=tokens if s == 0 else act[s - 1],
+                                   output_args=logits if s == p - 1 else act[s])
         self.pipe = Schedule1F1B(self.stage, m, loss_fn=TinyGPT.loss, scale_grads=True)
 
     def train_step(self, x, y):

@@ -3,9 +3,9 @@
     partrain-edu train --strategy torch-fsdp --nproc 2 --steps 20 --json
 
 Zhao et al. 2023, "PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel". The same units as
-`fsdp.py`: `fully_shard` on each transformer block, then on the whole model (the root: embeddings, final
-layernorm, head). FSDP2 turns every parameter into a DTensor sharded on dim 0 over a 1-D `DeviceMesh`
-(`init_device_mesh("cpu", (n,))` runs on Gloo); AdamW then updates the local shards.
+`zero3` (strategies/fsdp.py): `fully_shard` on each transformer block, then on the whole model (the root:
+embeddings, final layernorm, head). FSDP2 turns every parameter into a DTensor sharded on dim 0 over a 1-D `DeviceMesh`
+(the context's device mesh, `ctx.with_layout(dp=n, use_mesh=True)`, runs on Gloo); AdamW then updates the local shards.
 
 Sharded: params, grads and AdamW states, each ≈ 1/n per rank (FSDP2 pads each parameter's dim 0 to a multiple
 of n, where ours pads each unit's flat buffer). Communicated per unit and micro-batch: all-gather before
@@ -24,10 +24,9 @@ from __future__ import annotations
 
 import warnings
 
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from partrain_edu.train import Strategy, register
+from partrain_edu.strategies.base import Strategy, register
 
 
 @register("torch-fsdp")
@@ -38,7 +37,8 @@ class TorchFSDP(Strategy):
         # in place, and token ids (the input) never require gradients.
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
         warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
-        mesh = init_device_mesh(ctx.device.type, (self.dp,))
+        self.ctx = ctx.with_layout(dp=self.dp, use_mesh=True)        # the grid's mesh; its "dp" dimension
+        mesh = self.ctx.topology.mesh["dp"]
         model = self.new_model()                     # the same init on every rank: nothing to broadcast
         for block in model.blocks:
             fully_shard(block, mesh=mesh)            # one unit per block

@@ -1,29 +1,16 @@
-"""Naive DataParallel: `torch.nn.DataParallel`'s single-process pattern, rebuilt to show why it is deprecated.
+"""`naive-dp`: `torch.nn.DataParallel`'s single-process pattern, rebuilt to show why it is deprecated.
 
     partrain-edu train --strategy naive-dp --nproc 4 --steps 20 --json     (4 replicas, ONE process)
 
-One process drives N devices ("devices" 0..N−1: here N model replicas on the CPU, one thread each). Device 0
-holds the master model, the optimizer and the loss; every byte goes through it. Per micro-batch, with Ψ
-parameters (4 bytes each), a batch of B sequences of T tokens and a vocabulary of V:
+Sharded: nothing but the batch. One process drives N replicas (one thread each); device 0 holds the master
+model, the optimizer and the loss, and every byte goes through it (the class docstring lists the 7 transfers).
+Sent through device 0 per micro-batch of B sequences, T tokens, V logits each, with Ψ parameters (fp32):
 
-  1. scatter    the input rows to the other devices               out of device 0: (N−1)/N · B·T·8 (int64)
-  2. replicate  the parameters into the other replicas            out of device 0: (N−1) · Ψ·4
-  3. parallel forward, one thread per replica
-  4. gather     the outputs (logits) onto device 0 for the loss   into device 0:   (N−1)/N · B·T·V·4
-  5. scatter    the loss gradient of those outputs back           out of device 0: (N−1)/N · B·T·V·4
-  6. parallel backward, one thread per replica
-  7. reduce     the replicas' gradients onto device 0 (a sum)     into device 0:   (N−1) · Ψ·4
-  8. the optimizer steps on device 0 only; the replicas are overwritten at the next replicate
+    ≈ 2(N−1) · Ψ·4 + 2(N−1)/N · B·T·V·4     (DDP: each rank sends 2(N−1)/N · Ψ·4, below 2 · Ψ·4 for any N)
 
-So device 0 moves ≈ 2(N−1) · Ψ·4 bytes of model per step plus the outputs — growing with N — while in DDP each
-rank sends 2(N−1)/N · Ψ·4 and receives as much, below 2 · Ψ·4 for any N (see `ddp.py`). Device 0 is the
-bandwidth and memory hotspot (source notes: 单卡 0 号 GPU 成为带宽与显存热点); one process means the threads
-share one GIL; and the loss on gathered outputs cannot scale past one machine. PyTorch's documentation
-recommends DistributedDataParallel instead, in every case.
-
-The math is still exact: the loss of the gathered outputs is the whole batch's mean, so the summed replica
-gradients equal one process's and the losses match `single` (the tests check it). `traffic` keeps, per step,
-the bytes of each transfer through device 0, checked against `device0_bytes` (the formulas above).
+Device 0 is the bandwidth and memory hotspot, the threads share one GIL, and a loss on gathered outputs cannot
+scale past one machine: PyTorch recommends DistributedDataParallel in every case. The math is still exact (the
+gathered outputs' loss is the whole batch's mean), so the losses match `single`.
 """
 from __future__ import annotations
 
@@ -35,7 +22,7 @@ import torch
 
 from partrain_edu.data import split_microbatches
 from partrain_edu.models import TinyGPT
-from partrain_edu.train import Strategy, register, tensor_bytes
+from partrain_edu.strategies.base import Strategy, register, tensor_bytes
 
 # The transfers through device 0, and their direction.
 TRANSFERS = {"scatter inputs": "out", "replicate parameters": "out", "gather outputs": "in",
@@ -75,6 +62,19 @@ def in_threads(fn: Callable, items: Sequence) -> list:
 
 @register("naive-dp")
 class NaiveDataParallel(Strategy):
+    """Per micro-batch, with Ψ parameters (4 bytes each), a batch of B sequences of T tokens, a vocabulary V:
+
+      1. scatter    the input rows to the other devices               out of device 0: (N−1)/N · B·T·8 (int64)
+      2. replicate  the parameters into the other replicas            out of device 0: (N−1) · Ψ·4
+      3. parallel forward, one thread per replica
+      4. gather     the outputs (logits) onto device 0 for the loss   into device 0:   (N−1)/N · B·T·V·4
+      5. scatter    the loss gradient of those outputs back           out of device 0: (N−1)/N · B·T·V·4
+      6. parallel backward, one thread per replica
+      7. reduce     the replicas' gradients onto device 0 (a sum)     into device 0:   (N−1) · Ψ·4
+      8. the optimizer steps on device 0 only; the replicas are overwritten at the next replicate
+
+    `traffic` keeps, per step, the bytes of each transfer through device 0, checked against `device0_bytes`."""
+
     in_process = True   # N replicas, one process: `train` runs it in place, --nproc is the number of replicas
 
     def __init__(self, ctx, cfg):

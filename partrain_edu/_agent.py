@@ -1,0 +1,68 @@
+"""The torchrun process that `partrain_edu.launch` starts: torch's own `torch.distributed.run`, plus two things its
+command line cannot ask for.
+
+    python -m partrain_edu._agent LAUNCHER_PID [torchrun options] -m partrain_edu._rank RUN_DIR
+
+1. It dies with the launcher. PR_SET_PDEATHSIG has the kernel SIGKILL it as soon as the launcher thread that
+   started it ends, however that ends (SIGTERM, SIGHUP from a closed terminal, the OOM killer); that thread is
+   blocked in `torchrun()` for the whole run. SIGKILL rather than SIGTERM: torchrun's own SIGTERM clean-up would
+   kill the ranks before their watchdogs (`partrain_edu._rank`) could kill what the ranks started in other
+   sessions; the watchdogs notice the launcher is gone and kill the whole run.
+2. Its stores listen on 127.0.0.1 only. torch's TCPStore server binds every interface whatever host it is given
+   (`0.0.0.0` / `::` in TCPStoreLibUvBackend), and the rendezvous unpickles what it reads from its store: on a
+   shared server that is an open door into the run. TCPStore takes an already-bound socket (`master_listen_fd`),
+   so each server it starts here gets one bound to 127.0.0.1. The launcher passes `--local-addr 127.0.0.1` and a
+   127.0.0.1 rendezvous endpoint so that the clients look for the servers there.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import sys
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_STORE_ARGS = ("world_size", "is_master", "timeout", "wait_for_workers", "multi_tenant", "master_listen_fd",
+               "use_libuv")  # TCPStore's parameters after host_name and port, in order
+
+
+def die_with_parent(parent: int) -> None:
+    if not sys.platform.startswith("linux"):
+        return  # elsewhere the ranks' watchdogs are the only guard
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:  # the launcher died before the line above: nobody is waiting for this run
+        os._exit(1)
+
+
+def serve_on_loopback_only() -> None:
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
+
+    class LoopbackTCPStore(dist.TCPStore):
+        def __init__(self, host_name: str, port: int, *args, **kwargs):
+            kwargs.update(zip(_STORE_ARGS, args))
+            if kwargs.get("is_master") and kwargs.get("master_listen_fd") is None:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.bind(("127.0.0.1", port))  # port 0: the OS picks a free one, so two launches never collide
+                port = sock.getsockname()[1]
+                kwargs["master_listen_fd"] = sock.detach()  # the store owns the socket from now on
+            super().__init__(host_name, port, **kwargs)
+
+    # Both places torchrun creates stores from: the rendezvous backend, and the store it shares with the ranks.
+    dist.TCPStore = LoopbackTCPStore
+    c10d_rendezvous_backend.TCPStore = LoopbackTCPStore
+
+
+def main(argv: list[str]) -> None:
+    die_with_parent(int(argv[0]))
+    serve_on_loopback_only()
+    from torch.distributed.run import main as torchrun_main
+
+    torchrun_main(argv[1:])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

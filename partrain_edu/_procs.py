@@ -1,0 +1,141 @@
+"""Finding and signalling the processes of one launch, and never anybody else's.
+
+Every process of a launch (torchrun, each rank, whatever a rank starts) inherits `PARTRAIN_RUN_ID=<fresh id>` in
+its environment, so "the processes of this run" is a scan of /proc: it finds them whatever session or process group
+they moved to and whoever their parent is now. A process that cleared its environment is still found while it
+descends from one that did not.
+
+Signals are sent to single processes, never to a process group, so there is no PID 0, -1 or own group to hit by
+mistake. Each goes through a pidfd opened *after* checking that the PID still has the start time the scan saw: a
+process that exited and whose PID the kernel gave to someone else meanwhile is never signalled.
+
+Linux only: where there is no /proc nothing is found, and the launcher falls back to stopping torchrun itself.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+RUN_ENV = "PARTRAIN_RUN_ID"
+LAUNCHER_ENV = "PARTRAIN_LAUNCHER"  # identity() of the process that called torchrun(), for the ranks' watchdogs
+SUPPORTED = os.path.exists("/proc/self/stat")
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    pgid: int
+    start: int  # clock ticks after boot: with the pid, unique for the machine's uptime
+
+
+def read(pid: int) -> Proc | None:
+    """The process `pid` now, or None if there is none or it has exited (a zombie: nothing left to signal)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[1].split()  # the command name, in parentheses, may contain spaces
+    if fields[0] in ("Z", "X"):
+        return None
+    return Proc(pid, int(fields[1]), int(fields[2]), int(fields[19]))
+
+
+def identity(pid: int) -> str | None:
+    """"pid:start", which names this very process even after its PID is reused (None without /proc)."""
+    proc = read(pid)
+    return None if proc is None else f"{proc.pid}:{proc.start}"
+
+
+def is_running(ident: str) -> bool:
+    pid, start = (int(part) for part in ident.split(":"))
+    proc = read(pid)
+    return proc is not None and proc.start == start
+
+
+def _table() -> dict[int, Proc]:
+    table = {}
+    for name in os.listdir("/proc") if SUPPORTED else ():
+        if name.isdigit() and (proc := read(int(name))) is not None:
+            table[proc.pid] = proc
+    return table
+
+
+def _descendants(table: dict[int, Proc], roots: set[int]) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for proc in table.values():
+        children.setdefault(proc.ppid, []).append(proc.pid)
+    found, todo = set(roots), list(roots)
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _has_env(pid: int, entry: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return entry in f.read().split(b"\0")
+    except OSError:  # another user's process, or gone
+        return False
+
+
+def run_members(run_id: str) -> list[Proc]:
+    """Every live process of the run `run_id`, except the calling process."""
+    table = _table()
+    entry = f"{RUN_ENV}={run_id}".encode()
+    marked = {pid for pid in table if _has_env(pid, entry)}
+    return [table[pid] for pid in sorted(_descendants(table, marked)) if pid in table and pid != os.getpid()]
+
+
+def leftovers_of(pid: int, keep: set[int] = frozenset()) -> list[Proc]:
+    """What `pid` started and left running: its descendants and the members of the process group it leads."""
+    table = _table()
+    found = _descendants(table, {pid}) | {p.pid for p in table.values() if p.pgid == pid}
+    return [table[p] for p in sorted(found - {pid, os.getpid(), *keep}) if p in table]
+
+
+def signal_each(procs: list[Proc], sig: int) -> None:
+    for proc in procs:
+        if proc.pid <= 1 or proc.pid == os.getpid():
+            continue
+        try:
+            fd = os.pidfd_open(proc.pid)
+        except ProcessLookupError:
+            continue
+        except OSError:  # a kernel without pidfds (before 5.3): check, then signal by PID
+            fd = None
+        try:
+            now = read(proc.pid)
+            if now is None or now.start != proc.start:
+                continue  # it exited: that PID may be somebody else's by now
+            if fd is None:
+                os.kill(proc.pid, sig)
+            else:
+                signal.pidfd_send_signal(fd, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+
+def stop(find: Callable[[], list[Proc]], grace_s: float) -> None:
+    """SIGTERM what `find()` returns, give it `grace_s` to exit, then SIGKILL what `find()` still returns. Found
+    again each round: a process may have started another one in between."""
+    signal_each(find(), signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and find():
+        time.sleep(0.05)
+    for _ in range(10):
+        left = find()
+        if not left:
+            return
+        signal_each(left, signal.SIGKILL)
+        time.sleep(0.05)
