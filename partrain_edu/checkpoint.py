@@ -80,12 +80,8 @@ def _state_dict(strategy) -> dict[str, torch.Tensor]:
             if st and set(st) != {"step", *ADAM_STATES}:
                 raise ValueError(f"checkpoints support Adam/AdamW states, got {sorted(st)}: use the default optimizer")
         out[f"model.{i}"] = dt(flat.data)
-        for key in ADAM_STATES:
-            chunk = torch.zeros_like(flat.data)                            # (s,) the pieces' states, in place
-            for st, (x, y) in zip(pieces, flat.bounds):
-                if st:
-                    chunk[x:y] = st[key]
-            out[f"optim.{i}.{key}"] = dt(chunk)
+        for key in ADAM_STATES:                                            # (s,) the pieces' states
+            out[f"optim.{i}.{key}"] = dt(flat.chunk_of([st.get(key) for st in pieces]))
         # A parameter's `step` lives with its pieces, on one rank or several; −1: never stepped (no state).
         steps = torch.tensor([float(st["step"]) if st else -1.0 for st in pieces], dtype=torch.float64)
         dist.all_reduce(steps, op=dist.ReduceOp.MAX, group=flat.group)

@@ -46,13 +46,17 @@ DEFAULT_BUCKET_CAP_BYTES = 25 * 1024 * 1024
 TIMELINE_STEPS = 64
 
 
-def broadcast_parameters(module: nn.Module, group=None) -> None:
-    """Copy group rank 0's parameters and buffers to every rank: all replicas start from the same point."""
-    pg = group if group is not None else dist.group.WORLD
-    src = dist.get_global_rank(pg, 0)
+def broadcast_tensors(tensors: Iterable[torch.Tensor], group=None) -> None:
+    """Copy group rank 0's values into every rank's tensors: the replicas start from the same point."""
+    src = dist.get_global_rank(group if group is not None else dist.group.WORLD, 0)
     with torch.no_grad():
-        for tensor in [*module.parameters(), *module.buffers()]:
+        for tensor in tensors:
             dist.broadcast(tensor, src=src, group=group)
+
+
+def broadcast_parameters(module: nn.Module, group=None) -> None:
+    """Rank 0's parameters and buffers on every rank of `group`."""
+    broadcast_tensors([*module.parameters(), *module.buffers()], group)
 
 
 class DistributedDataParallel(nn.Module):

@@ -104,12 +104,17 @@ class FlatShard:
         for piece, (x, y), u in zip(self.pieces, self.bounds, used):
             piece.grad = grad[x:y] if (u and grad is not None) else None
 
-    def gather_state(self, per_piece: list[torch.Tensor | None]) -> torch.Tensor:
-        """All-gather a per-element state given per piece (None → zeros): the (numel,) buffer, every rank."""
-        mine = torch.zeros(self.shard_numel, dtype=self.data.dtype, device=self.data.device)
+    def chunk_of(self, per_piece: list[torch.Tensor | None]) -> torch.Tensor:
+        """(s,) one tensor per piece (an optimizer state) laid out like this rank's chunk; None → zeros."""
+        chunk = torch.zeros_like(self.data)
         for t, (x, y) in zip(per_piece, self.bounds):
             if t is not None:
-                mine[x:y] = t.reshape(-1)
+                chunk[x:y] = t.reshape(-1)
+        return chunk
+
+    def gather_state(self, per_piece: list[torch.Tensor | None]) -> torch.Tensor:
+        """All-gather a per-element state given per piece (None → zeros): the (numel,) buffer, every rank."""
+        mine = self.chunk_of(per_piece)
         out = torch.empty(self.padded, dtype=mine.dtype, device=mine.device)
         dist.all_gather_single(out, mine, group=self.group)
         return out[:self.numel]

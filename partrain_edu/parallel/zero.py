@@ -16,11 +16,10 @@ no update for a parameter without a gradient. Frozen parameters are left out, as
 """
 from __future__ import annotations
 
-from typing import Iterable
-
 import torch
 import torch.distributed as dist
 
+from partrain_edu.parallel.ddp import broadcast_tensors
 from partrain_edu.parallel.flat_shard import FlatShard, by_dtype
 
 # Optimizers whose update of an element reads only that element's parameter, gradient and state: splitting a
@@ -28,14 +27,6 @@ from partrain_edu.parallel.flat_shard import FlatShard, by_dtype
 # read whole-tensor norms and would not.
 ELEMENTWISE = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, torch.optim.RMSprop,
                torch.optim.Adamax, torch.optim.NAdam, torch.optim.RAdam, torch.optim.Adadelta)
-
-
-def broadcast_tensors(tensors: Iterable[torch.Tensor], group=None) -> None:
-    """Copy group rank 0's values into every rank's tensors: the replicas start from the same point."""
-    src = dist.get_global_rank(group if group is not None else dist.group.WORLD, 0)
-    with torch.no_grad():
-        for t in tensors:
-            dist.broadcast(t, src=src, group=group)
 
 
 class ZeroOptimizer(torch.optim.Optimizer):
@@ -187,6 +178,3 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 k: flat.piece_of(j, v).clone() if isinstance(v, torch.Tensor) and v.shape == p.shape and v.dim() > 0
                 else (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in st.items()}
 
-
-def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]

@@ -73,8 +73,7 @@ class Strategy:
         params = list(self.model.parameters())
         return {"params": params,
                 "grads": [p.grad for p in params if p.grad is not None],
-                "optimizer": [t for state in self.optimizer.state.values() for t in state.values()
-                              if isinstance(t, torch.Tensor)]}
+                "optimizer": optimizer_state_tensors(self.optimizer)}
 
     # -- pieces shared by the strategies ------------------------------------------------------------
     def new_model(self) -> TinyGPT:
@@ -123,6 +122,11 @@ def get_strategy(name: str) -> type[Strategy]:
     if name not in known:
         raise ValueError(f"unknown strategy {name!r}; choose one of: {', '.join(known)}")
     return known[name]
+
+
+def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Every tensor an optimizer keeps (moments, momentum, `step`), for the state-bytes report."""
+    return [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
 
 
 def data_parallel_batch(strategy: Strategy, x: torch.Tensor, y: torch.Tensor):

@@ -14,8 +14,7 @@ unit and micro-batch: all-gather for forward, all-gather for backward, reduce-sc
 from __future__ import annotations
 
 from partrain_edu.parallel.fsdp import FullyShardedDataParallel
-from partrain_edu.parallel.zero import optimizer_state_tensors
-from partrain_edu.strategies.base import Strategy, register
+from partrain_edu.strategies.base import Strategy, optimizer_state_tensors, register
 
 
 @register("zero3")

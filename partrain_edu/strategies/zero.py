@@ -14,8 +14,8 @@ from typing import ClassVar
 
 import torch
 
-from partrain_edu.parallel.zero import ZeroOptimizer, optimizer_state_tensors
-from partrain_edu.strategies.base import LEARNING_RATE, Strategy, register
+from partrain_edu.parallel.zero import ZeroOptimizer
+from partrain_edu.strategies.base import LEARNING_RATE, Strategy, optimizer_state_tensors, register
 
 
 class _ZeroDataParallel(Strategy):
