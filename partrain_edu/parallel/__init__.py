@@ -8,7 +8,7 @@ explicitly (`ctx.group("tp")` from `runtime.init(dp=…, tp=…, pp=…)`); `gro
 | module     | pieces                                                | shards / sends                       |
 |------------|-------------------------------------------------------|--------------------------------------|
 | ring       | ring_reduce_scatter, ring_all_gather, ring_all_reduce | — / 2(n−1) steps of 1/n of a tensor  |
-| buckets    | Bucket, plan_buckets, GradBucketHooks                 | — / gradients packed in flat buckets |
+| buckets    | Bucket, plan_buckets, GradBucketHooks, OncePerBackward | — / gradients packed in flat buckets |
 | ddp        | DistributedDataParallel, allreduce_per_parameter      | nothing / averaged gradients         |
 | flat_shard | FlatShard, by_dtype                                   | a flat buffer, one chunk per rank    |
 | zero       | ZeroOptimizer (ZeRO-1/2)                              | optimizer states (+ grads) / RS, AG  |

@@ -88,6 +88,24 @@ def plan_buckets(params: Iterable[nn.Parameter], cap_bytes: int) -> list[Bucket]
     return [Bucket(i, ps) for i, ps in enumerate(groups)]
 
 
+class OncePerBackward:
+    """Calls `fn` once, when the backward now running has ended: `arm()` it from any hook inside a backward
+    (arming it again in the same backward does nothing). Autograd's `queue_callback`, as PyTorch's DDP reducer
+    uses it; DDP's buckets, ZeRO-2's reduce-scatter and FSDP's clean-up all run through it."""
+
+    def __init__(self, fn: Callable[[], None]):
+        self.fn, self.armed = fn, False
+
+    def arm(self) -> None:
+        if not self.armed:
+            self.armed = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._run)
+
+    def _run(self) -> None:
+        self.armed = False
+        self.fn()
+
+
 class GradBucketHooks:
     """Calls `launch(bucket)` for each bucket, in bucket order, as soon as all its parameters' gradients are
     accumulated in the current backward; at the end of that backward launches the rest and calls `finish()`.
@@ -98,19 +116,17 @@ class GradBucketHooks:
         self.enabled = True
         self._bucket_of = {id(p): b for b in buckets for p in b.params}   # by identity: tensors compare by value
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for b in buckets for p in b.params]
+        self._end = OncePerBackward(self._on_backward_end)
         self._reset()
 
     def _reset(self) -> None:
-        self._in_backward = False
         self._ready: dict[int, set] = {b.index: set() for b in self.buckets}   # bucket -> ids of ready params
         self._next = 0                                                          # next bucket to launch
 
     def _on_grad(self, param: nn.Parameter) -> None:
         if not self.enabled:
             return
-        if not self._in_backward:       # first gradient of this backward: ask to be called when it ends
-            self._in_backward = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+        self._end.arm()                 # the first gradient of this backward: be called when it ends
         bucket = self._bucket_of[id(param)]
         self._ready[bucket.index].add(id(param))
         self._launch_ready()

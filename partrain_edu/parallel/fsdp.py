@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 from torch.utils._pytree import tree_map_only
 
+from partrain_edu.parallel.buckets import OncePerBackward
 from partrain_edu.parallel.ddp import broadcast_parameters
 from partrain_edu.parallel.flat_shard import FlatShard
 from partrain_edu.parallel.fsdp_unit import Unit, UnitShard
@@ -56,7 +57,7 @@ class FullyShardedDataParallel(nn.Module):
         self.gathered_bytes_now, self.peak_gathered_bytes = 0, 0
         self.timeline: list[tuple[str, int, float]] = []
         self.gathered: dict[int, UnitShard] = {}            # id(gathered buffer) → its shard, while forward runs
-        self._sweep_queued = False
+        self._sweep = OncePerBackward(self._free_after_backward)
         chosen = _choose_units(module, units)
         self.units = [Unit(0, module, self)] + [Unit(i + 1, m, self) for i, m in enumerate(chosen)]
         self._names: dict[int, list[str]] = {}              # id(parameter) → its names, one process's order
@@ -147,12 +148,9 @@ class FullyShardedDataParallel(nn.Module):
         reverse), and free whatever is still gathered when this backward ends (frozen shards have no _Gather)."""
         if self.prefetch and shard.unit.index > 1:
             self.units[shard.unit.index - 1].prefetch()
-        if not self._sweep_queued:
-            self._sweep_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+        self._sweep.arm()
 
-    def _end_of_backward(self) -> None:
-        self._sweep_queued = False
+    def _free_after_backward(self) -> None:
         for s in self.shards():
             s.free_backward()
 

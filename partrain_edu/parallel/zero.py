@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from partrain_edu.parallel.buckets import OncePerBackward
 from partrain_edu.parallel.ddp import broadcast_tensors
 from partrain_edu.parallel.flat_shard import FlatShard, by_dtype
 
@@ -63,8 +64,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._used = {id(f): [False] * len(f.params) for f in self.flats}
         self._hooks = []
         if stage == 2:                                          # reduce-scatter as each backward ends
-            self._in_backward = False
-            self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in trainable]
+            end = OncePerBackward(self.reduce_gradients)
+            self._hooks = [p.register_post_accumulate_grad_hook(lambda _p: end.arm()) for p in trainable]
         self._building = False
 
     def _piece(self, p: torch.Tensor) -> torch.Tensor:
@@ -75,15 +76,6 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if not self._building:
             raise ValueError("ZeroOptimizer lays its parameters out once: pass every param group to the constructor")
         super().add_param_group(param_group)
-
-    def _on_grad(self, _param) -> None:
-        if not self._in_backward:                               # once per backward, as DDP's reducer does
-            self._in_backward = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
-
-    def _end_of_backward(self) -> None:
-        self._in_backward = False
-        self.reduce_gradients()
 
     @torch.no_grad()
     def reduce_gradients(self) -> None:
