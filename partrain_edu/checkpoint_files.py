@@ -53,6 +53,9 @@ def resolve(root: str | os.PathLike) -> tuple[Path, int]:
         raise ValueError(f"{root}/LATEST names {name!r}, not a step-K folder of {root}: write the name of one "
                          "into it, e.g. step-10")
     for folder in (root / name, _aside(root, name)):   # the aside copy: a re-save died between its renames
+        if folder.is_symlink():   # a link would load files from anywhere on the machine
+            raise ValueError(f"{folder} is a symbolic link, not a checkpoint saved here: replace it with the "
+                             "folder itself (copy it in), or point LATEST at a real step-K folder")
         if folder.is_dir():
             return folder, int(_STEP.fullmatch(name)[1])
     raise ValueError(f"{root}/LATEST names {name}, but there is no folder {root / name}: write the name of an "
@@ -153,6 +156,8 @@ def verify(folder: Path, entries: dict[str, dict], rank: int = 0, world: int = 1
     """Check this rank's share of the files (every world-th one); the first problem as one line, or None."""
     for name in sorted(entries)[rank::world]:
         path, want = folder / name, entries[name]
+        if path.is_symlink():
+            return f"checkpoint {folder} is damaged: {name} is a symbolic link, not a saved file; {REPAIR_HINT}"
         if not path.is_file():
             return f"checkpoint {folder} is damaged: {name} is missing; {REPAIR_HINT}"
         size = path.stat().st_size

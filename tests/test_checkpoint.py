@@ -319,6 +319,30 @@ def test_latest_names_only_a_step_folder_inside_the_root(zero1, latest, words):
     assert words in one_line_error(lambda: checkpoint.load(fresh(), root))
 
 
+def link_a_shard_elsewhere(folder):
+    shard = next(folder.glob("*.distcp"))
+    copy = folder.parent.parent / "elsewhere.distcp"
+    shutil.copyfile(shard, copy)                            # the same bytes: only the link gives it away
+    shard.unlink()
+    shard.symlink_to(copy)
+
+
+def link_the_step_elsewhere(folder):
+    elsewhere = folder.parent.parent / "elsewhere-step"
+    shutil.move(folder, elsewhere)
+    folder.symlink_to(elsewhere, target_is_directory=True)
+
+
+@pytest.mark.parametrize("damage, words", [
+    (link_the_step_elsewhere, "step-1 is a symbolic link, not a checkpoint saved here"),
+    (link_a_shard_elsewhere, "__0_0.distcp is a symbolic link, not a saved file"),
+])
+def test_a_symbolic_link_is_never_followed(zero1, damage, words):
+    s, fresh, root, saved = zero1
+    damage(root / "step-1")
+    assert words in one_line_error(lambda: checkpoint.load(fresh(), root))
+
+
 def test_saving_where_nothing_can_be_written_is_one_line(zero1):
     s, fresh, root, saved = zero1
     (root / "a_file").write_text("not a folder")

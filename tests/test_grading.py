@@ -1,13 +1,15 @@
-"""Grading, in-process: the local checks accept the reference and catch wrong answers with the right message;
-the exercise generator strips answers; `partrain-edu check` rejects bad input with exit 2."""
+"""Grading, in-process: the local checks accept the reference and catch wrong answers with the right message,
+shown in IPython as the problem lines alone (no grader frame, no path); every multi-rank check has its observe
+half on the ranks; the exercise generator strips answers; `partrain-edu check` rejects bad input with exit 2."""
 import pytest
 import torch
 
 from partrain_edu.cli import main
-from partrain_edu.grading import check, check_names, run_check
+from partrain_edu.grading import CHECKS, check, check_names, run_check
 from partrain_edu.grading.compare import differ
 from partrain_edu.grading.local_checks import reference_coords, reference_groups, reference_stage, reference_total
 from partrain_edu.grading.make_exercises import strip_solution
+from partrain_edu.grading.rank_observe import OBSERVE
 
 
 def one_f_one_b(p, m):
@@ -70,6 +72,25 @@ def test_bad_check_calls_raise_value_error():
         run_check("tp_f_g", print)
     assert "define your function with `def`" in run_check("ring_all_reduce", lambda t, group=None: t).message
     assert {"ring_all_reduce", "ddp_buckets", "zero1_step", "tp_f_g", "tp_mlp"} <= set(check_names())
+
+
+def test_a_failed_check_in_ipython_shows_only_the_learners_problem_lines(capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    result = shell.run_cell("from partrain_edu.grading import check\n"
+                            "check('coords_3d', lambda r, dp, tp, pp: (0, 0, 0))", store_history=False)
+    assert isinstance(result.error_in_exec, AssertionError)  # still an AssertionError for pytest and nbval
+    shown = capsys.readouterr().out
+    assert shown.splitlines()[:2] == ["✗ coords_3d failed:", "  - dp=2, tp=2, pp=2, rank 1: expected (dp_rank, "
+                                      "tp_rank, pp_rank) = (0, 1, 0), got (0, 0, 0). Hint: rank = tp_rank + "
+                                      "tp·(dp_rank + dp·pp_rank) — tensor-parallel ranks vary fastest"], shown
+    assert "Traceback" not in shown and "core.py" not in shown and "File " not in shown, shown
+
+
+def test_every_multi_rank_check_has_an_observe_half_on_the_ranks():
+    assert set(OBSERVE) == {name for name, spec in CHECKS.items() if spec.nproc} == \
+        {"ring_all_reduce", "ddp_buckets", "zero1_step", "tp_f_g", "tp_mlp"}
 
 
 def test_differ_names_shape_index_and_ratio():

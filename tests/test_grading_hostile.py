@@ -2,11 +2,15 @@
 exercise 3 — check-deleting, log-forging, `run_check`-patching, package-editing, neighbour-deleting, an endless
 loop, `os._exit`, five kinds of corrupt file — is graded row by row, only the solved notebook scores 1, the
 package and the other submissions are untouched, every notebook ends within its limit and nothing is left
-running. Also: the CLI refuses a bad --timeout or --csv before grading, and the unsandboxed fallback says so."""
+running. A ring all-reduce whose body forges the ranks' report (a clean verdict, clean-looking or ill-typed
+observations, then os._exit) fails: the grader verifies observations against values it computes itself, and
+malformed ones fail in one line. Also: the CLI refuses a bad --timeout or --csv before grading, and the
+unsandboxed fallback says so."""
 import copy
 import csv
 import hashlib
 import json
+import math
 import os
 import pwd
 import shutil
@@ -21,9 +25,13 @@ from conftest import processes_with
 
 from partrain_edu.cli import main
 from partrain_edu.grading.cli import seconds
+from partrain_edu.grading.core import spec_of
 from partrain_edu.grading.grader import grade_notebook
 from partrain_edu.grading.notebook import NotANotebook, code_cells, exercise_of
+from partrain_edu.grading.observations import verify
+from partrain_edu.grading.rank_inputs import RING_LENGTHS, ring_input
 from partrain_edu.grading.sandbox import PACKAGE, USER, _unjailed, isolation_for
+from partrain_edu.parallel.ring import ring_bytes_sent_by
 
 ROOT = Path(__file__).resolve().parents[1]
 EXERCISE = "03_memory_zero_stage"
@@ -255,3 +263,97 @@ def test_check_refuses_a_csv_in_a_missing_folder_before_grading(capsys):
     assert main(["check", str(ROOT / "solutions"), "--csv", "/nonexistent_dir/grades.csv"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot write the gradebook /nonexistent_dir/grades.csv" in err
+
+
+# --- a multi-rank check's ranks report observations, never a verdict -------------------------------------------
+
+RING = "01_ring_all_reduce"
+FORGE_VERDICT = """def ring_all_reduce(tensor, group=None):
+    from partrain_edu import runtime; runtime.publish("grading", {0: [], 1: [], 2: []}); import os; os._exit(0)
+"""
+# Clean-looking observations: the right shapes, no collective, the ring's byte counts; but the values are what a
+# rank holds without talking to the others (its own tensor), not the sum the grader computes itself.
+FORGE_OBSERVATIONS = """def ring_all_reduce(tensor, group=None):
+    import json, os
+    import torch
+    from partrain_edu import runtime
+    from partrain_edu.parallel.ring import ring_bytes_sent_by
+    runs = [{"out": {"shape": [n], "values": torch.randn(n, generator=torch.Generator().manual_seed(100 * n))
+                     .tolist()}, "ops": {"isend": 4, "irecv": 4}, "sent": ring_bytes_sent_by(0, n, 4, 3),
+             "bytes": {}} for n in (12, 7, 2)]
+    runtime.publish("observations", json.dumps([runs] * 3))
+    os._exit(0)
+"""
+FORGE_STRINGS = """def ring_all_reduce(tensor, group=None):
+    import json, os
+    from partrain_edu import runtime
+    run = {"out": {"shape": [12], "values": ["1.0"] * 12}, "ops": "none", "sent": "64"}
+    runtime.publish("observations", json.dumps([[run] * 3] * 3))
+    os._exit(0)
+"""
+FORGE_HUGE = """def ring_all_reduce(tensor, group=None):
+    import json, os
+    from partrain_edu import runtime
+    runtime.publish("observations", json.dumps([[{"out": {"shape": [12], "values": [0.5] * 10**6}}]] * 3))
+    os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("body, words", [
+    (FORGE_VERDICT, "the ranks finished without reporting their observations"),
+    (FORGE_OBSERVATIONS, "length 12 on 3 ranks: 12 of 12 values differ"),
+    (FORGE_STRINGS, "holds something that is not a number"),
+    (FORGE_HUGE, "the ranks published over 1 MiB of observations"),
+], ids=["verdict", "observations", "strings", "huge"])
+def test_a_function_body_that_forges_the_ranks_report_fails(tmp_path, body, words):
+    solved = nbformat.read(ROOT / "solutions" / f"{RING}.ipynb", as_version=4)
+    path = tmp_path / f"{RING}-forger.ipynb"
+    path.write_text(_cells(solved, replace=("def ring_all_reduce", body)))
+    report = grade_notebook(path, RING, isolation_for(tmp_path, path), LIMIT_S)
+    [verdict] = report["checks"]
+    assert report["score"] == 0.0 and not verdict["passed"], report
+    assert words in verdict["message"], verdict["message"]
+    assert verdict["message"].count("\n") == 1, verdict["message"]  # "✗ … failed:" and one reason
+
+
+def _reference_ring(n: int = 3) -> list:
+    """What honest ranks observe in check ring_all_reduce: the sums, point-to-point only, the ring's bytes."""
+    return [[{"out": {"shape": [k], "values": sum(ring_input(k, q) for q in range(n)).tolist()},
+              "ops": {"isend": 4, "irecv": 4}, "sent": ring_bytes_sent_by(r, k, 4, n), "bytes": {}}
+             for k in RING_LENGTHS] for r in range(n)]
+
+
+def _spoiled(path: tuple, value) -> str:
+    ranks = _reference_ring()
+    for rank in ranks:
+        target = rank
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+    return json.dumps(ranks)
+
+
+@pytest.mark.parametrize("text, words", [
+    ({"not": "text"}, "published a dict, not JSON text"),
+    ("{'python': 'repr'}", "not JSON"),
+    (json.dumps([[0.5] * 300_000] * 3), "over 1 MiB"),
+    ("[" * 50_000 + "]" * 50_000, "nested too deeply"),
+    (json.dumps([[]] * 2), "not a list of 3 items"),
+    (_spoiled((0, "out", "values"), [math.nan] * 12), "got nan"),
+    (_spoiled((0, "out", "values"), [0.5] * 13), "does not hold 12 values"),
+    (_spoiled((0, "out", "values"), "twelve"), "does not hold 12 values"),
+    (_spoiled((0, "out", "shape"), [-12]), "has no valid shape"),
+    (_spoiled((0, "out", "shape"), [2**20, 2**20]), "over 1048576 values"),
+    (_spoiled((0, "out", "values"), [10**400] * 12), "out of range"),
+    (_spoiled((0, "out"), {"type": "NoneType"}), "expected a tensor of shape (12,), got NoneType"),
+    (_spoiled((0, "sent"), True), "not a whole number"),
+    (_spoiled((0, "sent"), math.nan), "not a whole number"),
+    (_spoiled((0, "ops"), ["isend"]), "not a table of at most 64 counts"),
+    (_spoiled((0, "ops"), {"all_reduce": "1"}), "not a whole number"),
+    (_spoiled((0,), None), "has no entry 'out'"),
+])
+def test_observations_of_the_wrong_kind_fail_in_one_line(text, words):
+    spec = spec_of("ring_all_reduce", 1)
+    assert verify(spec, json.dumps(_reference_ring())) == []  # the only way to pass: the grader's own values
+    problems = verify(spec, text)
+    assert len(problems) == 1 and "\n" not in problems[0] and words in problems[0], problems

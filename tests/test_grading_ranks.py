@@ -1,6 +1,7 @@
 """Grading on ranks: deliberately wrong answers (off-by-one chunk, missing average, per-parameter all-reduce,
-the wrong shard, too many bytes, swapped f/g, a deadlocking receive order) are caught with the message that
-names the mistake — and a deadlock ends in a timeout message, not a hang. Each case is one torchrun launch."""
+the wrong shard, too many bytes, swapped f/g, a deadlocking receive order, a helper left outside the function)
+are caught with the message that names the mistake, showing only the learner's own frames — and a deadlock
+ends in a timeout message, not a hang. Each case is one torchrun launch."""
 import pytest
 import torch
 import torch.distributed as dist
@@ -98,6 +99,10 @@ def all_reduce(x, group=None):
     return x
 
 
+def ring_with_helper(tensor, group=None):
+    return exchange(tensor, group)  # noqa: F821 - defined in another cell: only this function's source travels
+
+
 def mlp_bias_every_rank(x, w1, b1, w2, b2, group, f, g):
     return g(torch.nn.functional.gelu(f(x, group) @ w1.T + b1) @ w2.T + b2, group)  # b2 summed t times
 
@@ -111,6 +116,7 @@ CASES = [
     ("zero1_step", [zero1_all_reduce], 60, "an all-reduce of the gradients sends twice"),
     ("tp_f_g", [all_reduce, identity, identity, all_reduce], 60, "f and g are swapped?"),  # f ↔ g
     ("tp_mlp", [mlp_bias_every_rank], 60, "the bias b2 is added once, after g"),
+    ("ring_all_reduce", [ring_with_helper], 60, "NameError: name 'exchange' is not defined — only your function's"),
 ]
 
 
@@ -120,6 +126,7 @@ def test_wrong_answer_on_ranks_is_caught(name, functions, timeout, words):
     assert not result.passed
     assert words in result.message, result.message
     assert result.message.count("\n") < 12  # one readable verdict, not a wall of tracebacks
+    assert "partrain_edu" not in result.message and "File " not in result.message  # no grader frames, no paths
 
 
 def ring_half_done(tensor, group=None):

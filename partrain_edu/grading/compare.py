@@ -4,6 +4,13 @@ from __future__ import annotations
 import torch
 
 
+class NotATensor:
+    """What a learner's function gave instead of a tensor, in words ("NoneType"): what differ says it got."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+
 def _fmt(t: torch.Tensor, limit: int = 8) -> str:
     values = [round(float(v), 4) for v in t.reshape(-1)[:limit]]
     return str(values)[:-1] + (", …]" if t.numel() > limit else "]")
@@ -12,7 +19,8 @@ def _fmt(t: torch.Tensor, limit: int = 8) -> str:
 def differ(what: str, expected: torch.Tensor, got, rtol: float = 1e-5, atol: float = 1e-6) -> str | None:
     """None when `got` equals `expected` within tolerance, else a message naming shapes and the first mismatch."""
     if not isinstance(got, torch.Tensor):
-        return f"{what}: expected a tensor of shape {tuple(expected.shape)}, got {type(got).__name__}"
+        said = got.what if isinstance(got, NotATensor) else type(got).__name__
+        return f"{what}: expected a tensor of shape {tuple(expected.shape)}, got {said}"
     if tuple(got.shape) != tuple(expected.shape):
         return f"{what}: expected shape {tuple(expected.shape)}, got shape {tuple(got.shape)}"
     got = got.detach().to(expected.dtype)

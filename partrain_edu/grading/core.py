@@ -3,23 +3,22 @@
 A check is registered with `@register(name, nproc=N)`. In-process checks (nproc 0) are called with the
 learner's objects and return a list of problems (strings; empty = pass); they call the learner's functions with
 plain data only (ints, lists, dicts) and read plain data back, so that `partrain-edu check` can run them in the
-grader while the learner's functions run in a sandbox (grader.py). Multi-rank checks live in `rank_checks.py`:
-the learner's functions travel to the ranks as source code (`Source`), each rank runs the check body and
-returns its problems, and rank 0 publishes everyone's. A rank that raises (the exercise's NotImplementedError,
-a TypeError) or a run that hangs becomes a problem naming the rank.
+grader while the learner's functions run in a sandbox (grader.py). A multi-rank check has two halves: its
+observe half (rank_observe.py) runs the learner's functions, sent as source code (`Source`), on the ranks and
+publishes plain observations; its registered verify half (rank_verify.py) runs here, in the caller, and judges
+them against values it recomputes itself (observations.verify) — nothing a rank says is a verdict. A rank that
+raises (the exercise's NotImplementedError, a TypeError) or a run that hangs becomes a problem naming the rank.
+A failed `check` shows only the learner's problems: no traceback through this file.
 """
 from __future__ import annotations
 
 import ast
 import contextlib
 import inspect
-import json
 import signal
-import tempfile
 import textwrap
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -34,6 +33,15 @@ class CheckResult:
     details: dict = field(default_factory=dict)
 
 
+class CheckFailed(AssertionError):
+    """A failed `check`: an AssertionError for pytest and nbval, shown by IPython as its message alone."""
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython (and so Jupyter) shows what this returns instead of a traceback: the frame of `check`, with
+        # the checkout's absolute path, tells a learner nothing; their problem lines are the whole story.
+        return str(self).splitlines()
+
+
 class LearnerError(Exception):
     """A rank failed or hung, or the learner's code misbehaved; the message is already worded for the learner."""
 
@@ -43,7 +51,7 @@ class _Check:
     name: str
     nproc: int                   # 0: in-process; otherwise the number of ranks it runs on
     arity: int                   # how many learner objects it takes
-    fn: Callable
+    fn: Callable                 # in-process: fn(*objects); multi-rank: the verify half, fn(rank, n, observed)
     summary: str                 # what a pass means, printed on success
     deadlock_hint: str = ""      # the likely mismatch when the ranks time out
 
@@ -60,7 +68,7 @@ def register(name: str, *, nproc: int = 0, arity: int = 1, summary: str, deadloc
 
 def _load_checks() -> None:
     # Importing registers the checks; done lazily so `import partrain_edu.grading` stays light.
-    from partrain_edu.grading import local_checks, rank_checks  # noqa: F401
+    from partrain_edu.grading import local_checks, rank_verify  # noqa: F401
 
 
 def check_names() -> list[str]:
@@ -69,7 +77,7 @@ def check_names() -> list[str]:
     return sorted(CHECKS)
 
 
-def _not_implemented(exc: BaseException) -> str:
+def not_implemented(exc: BaseException | str) -> str:
     return (f"not implemented yet: {exc or 'the answer cell still raises NotImplementedError'} — "
             "replace the `raise NotImplementedError(...)` line with your code")
 
@@ -102,7 +110,7 @@ def graded(spec: _Check, run: Callable[[], list[str]]) -> CheckResult:
     try:
         problems = run()
     except NotImplementedError as exc:
-        problems = [_not_implemented(exc)]
+        problems = [not_implemented(exc)]
     except LearnerError as exc:
         problems = [str(exc)]
     except Exception as exc:  # the learner's code crashed in-process: report it, do not kill the kernel
@@ -134,14 +142,15 @@ def time_limit(seconds: float, name: str):
 
 
 def check(name: str, *objects: Any, timeout: float | None = None) -> None:
-    """Grade the learner's `objects` with check `name`: print a pass, or raise AssertionError that says why.
+    """Grade the learner's `objects` with check `name`: print a pass, or raise CheckFailed (an AssertionError)
+    that says why.
     Returns nothing, so a notebook cell shows only the verdict (`run_check` returns the CheckResult)."""
     if _deferred:
         print(f"check {name!r}: the grader runs it after your notebook")
         return
     result = run_check(name, *objects, timeout=timeout)
     if not result.passed:
-        raise AssertionError(result.message)
+        raise CheckFailed(result.message)
     print(result.message)
 
 
@@ -199,43 +208,16 @@ def unanswered(source: Source) -> str | None:
     """The learner-facing failure of a function still as generated (its body only raises
     NotImplementedError), or None: said at once, instead of launching ranks that would all raise it."""
     message = _unanswered(source.text)
-    return None if message is None else f"{source.name}: " + _not_implemented(message)
+    return None if message is None else f"{source.name}: " + not_implemented(message)
 
 
 def _run_on_ranks(spec: _Check, objects: tuple, timeout: float) -> list[str]:
-    from partrain_edu.launch import TorchrunError, torchrun
+    from partrain_edu.grading.observations import verify
+    from partrain_edu.grading.rank_launch import observe_on_ranks
 
     sources = [source_of(obj) for obj in objects]
     for source in sources:
         message = unanswered(source)
         if message is not None:
             return [message]
-    with tempfile.TemporaryDirectory(prefix="partrain_check_") as tmp:
-        job = Path(tmp) / "job.json"
-        job.write_text(json.dumps({"check": spec.name, "sources": [s.text for s in sources],
-                                   "names": [s.name for s in sources]}))
-        code = "from partrain_edu.grading.rank_checks import main\nmain()\n"
-        try:
-            result = torchrun(code, nproc=spec.nproc, timeout=timeout, args=[str(job)], echo=None)
-        except TorchrunError as err:
-            raise LearnerError(_explain_failure(err, spec, timeout)) from None
-    report = result.published.get("grading")
-    if report is None:
-        raise LearnerError("the ranks finished without reporting (rank 0 never reached the end of the check)")
-    failed = [rank for rank, problems in sorted(report.items()) if problems]
-    if not failed:
-        return []
-    also = f" (rank(s) {failed[1:]} failed this check too)" if len(failed) > 1 else ""
-    return [f"rank {failed[0]}{also}: {p}" for p in report[failed[0]]]
-
-
-def _explain_failure(err, spec: _Check, timeout: float) -> str:
-    tb = err.rank_traceback or str(err)
-    last = [line for line in tb.strip().splitlines() if line.strip()][-1:] or [""]
-    where = f"rank {err.rank}" if err.rank is not None else "the ranks"
-    if "NotImplementedError" in last[0]:
-        return f"{where}: " + _not_implemented(last[0].split("NotImplementedError", 1)[1].lstrip(": "))
-    if err.timed_out or "timed out" in tb.lower() or "timeout" in last[0].lower():
-        return (f"{where}: timed out (limit {timeout:g} s) — the ranks waited on each other forever. "
-                f"{spec.deadlock_hint or 'Every rank must make the same calls in the same order.'}")
-    return f"{where} raised {last[0].strip()}\n{textwrap.indent(tb.rstrip()[-1500:], '      ')}"
+    return verify(spec, observe_on_ranks(spec, sources, timeout))

@@ -7,7 +7,9 @@
 - The grader computes every verdict itself. In-process checks run here, in the grader, calling the learner's
   functions through the kernel with plain data and reading plain data back (a cell that patches `run_check`
   or forges a log patches the kernel, which decides nothing). Multi-rank checks run the functions' source on
-  ranks started from a fresh sandboxed process (rank_runner.py) the notebook never ran in.
+  ranks started from a fresh sandboxed process (rank_runner.py) the notebook never ran in; the ranks only
+  observe (values, gradients, traffic), and the grader verifies those observations against values it
+  recomputes itself (rank_verify.py), so a function body that forges a report can only report wrong values.
 - One wall-clock limit covers the whole notebook: its cells and all its checks. A notebook that loops, exits
   or dies is killed with everything it started, and each check it owes fails with the reason.
 """
@@ -25,6 +27,7 @@ from partrain_edu.grading.core import (DEFAULT_TIMEOUT_S, CheckResult, LearnerEr
                                        time_limit, unanswered)
 from partrain_edu.grading.manifest import EXERCISES
 from partrain_edu.grading.notebook import NotANotebook, code_cells
+from partrain_edu.grading.observations import verify
 from partrain_edu.grading.sandbox import Isolation
 
 STOP_GRACE_S = 5.0  # the kernel stops an overrunning call itself; past this, the grader kills it
@@ -119,8 +122,9 @@ class Kernel:
         return reason
 
 
-def _rank_check(isolation: Isolation, name: str, sources: list[Source], deadline: float) -> list[str]:
-    """The problems of multi-rank check `name` on `sources`, from a fresh sandboxed runner."""
+def _rank_check(isolation: Isolation, spec, sources: list[Source], deadline: float) -> list[str]:
+    """The problems of multi-rank check `spec` on `sources`: observed on ranks started by a fresh sandboxed
+    runner, verified here."""
     for source in sources:
         message = unanswered(source)
         if message is not None:  # no ranks needed to say so
@@ -130,7 +134,7 @@ def _rank_check(isolation: Isolation, name: str, sources: list[Source], deadline
         raise LearnerError("not run: the notebook's time limit was used up")
     with isolation.folder() as work:
         job = work / "job.json"
-        job.write_text(json.dumps({"check": name, "timeout": limit,
+        job.write_text(json.dumps({"check": spec.name, "timeout": limit,
                                    "sources": [{"name": s.name, "text": s.text} for s in sources]}))
         job.chmod(0o444)
         proc = isolation.spawn([sys.executable, "-I", "-m", "partrain_edu.grading.rank_runner", str(job)], work)
@@ -140,14 +144,15 @@ def _rank_check(isolation: Isolation, name: str, sources: list[Source], deadline
         except TimeoutError:
             raise LearnerError("not finished: the notebook's time limit was used up") from None
         except Closed:
-            raise LearnerError(f"the check's runner ended without a verdict: {channel.stderr_tail()[:300]}") from None
+            raise LearnerError(f"the check's runner ended without a report: {channel.stderr_tail()[:300]}") from None
         finally:
             isolation.stop(proc)
             channel.close()
-    problems = answer.get("problems")
-    if not (isinstance(problems, list) and all(isinstance(p, str) for p in problems)):
-        raise LearnerError("the check's runner answered something that is not a list of problems")
-    return [p[:4000] for p in problems]
+    if isinstance(answer.get("failure"), str):  # worded on the learner's side: it can only fail the check
+        raise LearnerError(answer["failure"][:MAX_MESSAGE_CHARS])
+    if "observations" not in answer:
+        raise LearnerError("the check's runner answered neither observations nor a failure")
+    return verify(spec, answer["observations"])
 
 
 def grade_notebook(path: Path, exercise: str | None, isolation: Isolation, timeout: float) -> dict:
@@ -193,7 +198,7 @@ def _grade(path: Path, exercise: str | None, isolation: Isolation, timeout: floa
         finally:
             kernel.stop()
     for name, texts in sources.items():
-        results[name] = graded(specs[name], lambda: _rank_check(isolation, name, texts, deadline))
+        results[name] = graded(specs[name], lambda: _rank_check(isolation, specs[name], texts, deadline))
     return _report(path, exercise, [results[name] for name, _ in owed], start)
 
 

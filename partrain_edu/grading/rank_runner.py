@@ -1,11 +1,11 @@
-"""Runs one multi-rank check in the sandbox, in a fresh process the submission's notebook never ran in:
-`python -I -m partrain_edu.grading.rank_runner JOB` with JOB = {"check", "sources": [{"name", "text"}],
-"timeout"}; answers {"problems": [...]} on the channel (channel.py).
+"""Runs the observe half of one multi-rank check in the sandbox, in a fresh process the submission's notebook
+never ran in: `python -I -m partrain_edu.grading.rank_runner JOB` with JOB = {"check", "sources": [{"name",
+"text"}], "timeout"}; answers on the channel (channel.py) either {"observations": JSON text} — what rank 0
+published, passed on unread — or {"failure": message} when a rank raised, hung or reported nothing.
 
-Only the learner's function bodies run here (on the ranks, called by the check), never the notebook's other
-cells, so a cell that patches the grader (`core.run_check = ...`) has no effect on this verdict. The grader
-still reads the answer as untrusted data: a function body could forge its own check's answer from inside a
-rank (it shares that process with the check), which is why this runs in the sandbox and not in the grader.
+Only the learner's function bodies run here (on the ranks), never the notebook's other cells. Nothing this
+process says is a verdict: the grader verifies the observations itself (observations.verify), and a failure
+can only fail the check, so a body that takes over this process gains nothing by it.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import json
 import sys
 
 from partrain_edu.grading import channel, core
+from partrain_edu.grading.rank_launch import observe_on_ranks
 
 
 def main() -> None:
@@ -20,8 +21,11 @@ def main() -> None:
     with open(sys.argv[1]) as f:
         job = json.load(f)
     sources = [core.Source(s["name"], s["text"]) for s in job["sources"]]
-    result = core.run_check(job["check"], *sources, timeout=job["timeout"])
-    channel.reply(writer, {"problems": result.details.get("problems", [])})
+    spec = core.spec_of(job["check"], len(sources))
+    try:
+        channel.reply(writer, {"observations": observe_on_ranks(spec, sources, job["timeout"])})
+    except core.LearnerError as err:
+        channel.reply(writer, {"failure": str(err)})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,135 @@
+"""Reading the ranks' observations as untrusted data, in the trusted caller (never on the ranks).
+
+The ranks run the learner's code, so what they publish may be anything: not JSON, the wrong shape, strings for
+numbers, huge lists, NaN. `verify(spec, text)` decodes the text with `json.loads` only (nothing the ranks made
+is ever unpickled or evaluated), hands each rank's part to the check's verify function, and words the verdict
+as before: the first failing rank's problems, naming the other ranks that failed too. The verify functions
+read their rank's part through `Reader`, whose every accessor checks type, length and size and raises
+`Malformed` — which becomes a one-line problem, never a traceback.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import torch
+
+from partrain_edu.grading.compare import NotATensor
+
+MAX_TEXT_CHARS = 2**20  # the real observations are a few tens of kB
+MAX_DIMS, MAX_NUMEL = 8, 2**20
+
+
+class Malformed(Exception):
+    """The observations do not have the form the check's observe half writes; the message says where."""
+
+
+class Reader:
+    """Typed access to one rank's untrusted observations; every accessor raises Malformed on a surprise."""
+
+    def __init__(self, value: Any, where: str = "observations"):
+        self.value, self.where = value, where
+
+    def __getitem__(self, key: str | int) -> "Reader":
+        if isinstance(key, str):
+            if not isinstance(self.value, dict) or key not in self.value:
+                raise Malformed(f"{self.where} has no entry {key!r}")
+            return Reader(self.value[key], f"{self.where}[{key!r}]")
+        if not isinstance(self.value, list) or not 0 <= key < len(self.value):
+            raise Malformed(f"{self.where} has no item {key}")
+        return Reader(self.value[key], f"{self.where}[{key}]")
+
+    def items(self, length: int) -> list["Reader"]:
+        """The readers of a list that must have exactly `length` items."""
+        if not isinstance(self.value, list) or len(self.value) != length:
+            raise Malformed(f"{self.where} is not a list of {length} items")
+        return [self[i] for i in range(length)]
+
+    def count(self) -> int:
+        """A whole number ≥ 0 (not a bool, not a float)."""
+        v = self.value
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**53:
+            raise Malformed(f"{self.where} is not a whole number of at least 0: {_short(v)}")
+        return v
+
+    def counts(self) -> dict[str, int]:
+        """{name: count} with short names, as CommTracer's op tallies."""
+        if not isinstance(self.value, dict) or len(self.value) > 64:
+            raise Malformed(f"{self.where} is not a table of at most 64 counts")
+        out = {}
+        for name in self.value:
+            if len(name) > 64:
+                raise Malformed(f"{self.where} has a name over 64 characters")
+            out[name] = self[name].count()
+        return out
+
+    def tensor(self) -> torch.Tensor | NotATensor:
+        """The tensor written by rank_observe.tensor, or a NotATensor saying what was there instead."""
+        v = self.value
+        if not isinstance(v, dict):
+            raise Malformed(f"{self.where} is not a tensor record")
+        if "type" in v:
+            if not isinstance(v["type"], str) or len(v["type"]) > 100:
+                raise Malformed(f"{self.where} names no type")
+            return NotATensor(v["type"])
+        shape = v.get("shape")
+        if not (isinstance(shape, list) and len(shape) <= MAX_DIMS and
+                all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_NUMEL for d in shape)):
+            raise Malformed(f"{self.where} has no valid shape")
+        numel = math.prod(shape)
+        if numel > MAX_NUMEL:
+            raise Malformed(f"{self.where} has a shape of over {MAX_NUMEL} values")
+        if "values" not in v:  # the observer leaves out a huge tensor's values: its shape is wrong anyway
+            return NotATensor(f"a tensor of shape {tuple(shape)} (too large to report its values)")
+        values = v["values"]
+        if not isinstance(values, list) or len(values) != numel:
+            raise Malformed(f"{self.where} does not hold {numel} values for shape {tuple(shape)}")
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in values):
+            raise Malformed(f"{self.where} holds something that is not a number")
+        try:
+            return torch.tensor(values, dtype=torch.float64).reshape(shape)
+        except (OverflowError, RuntimeError) as err:  # an int beyond float64's range
+            raise Malformed(f"{self.where} holds a number out of range ({err})") from None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def decode(text: Any, nproc: int) -> list[Reader]:
+    """One Reader per rank from the published JSON text; Malformed when it is not a list of `nproc` entries."""
+    if not isinstance(text, str):
+        raise Malformed(f"the ranks published a {type(text).__name__}, not JSON text")
+    if len(text) > MAX_TEXT_CHARS:
+        raise Malformed(f"the ranks published over {MAX_TEXT_CHARS // 2**20} MiB of observations")
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise Malformed("the ranks published JSON nested too deeply") from None
+    except ValueError as err:
+        raise Malformed(f"the ranks published text that is not JSON ({getattr(err, 'msg', str(err))[:80]})") from None
+    ranks = Reader(value, "the published report (one entry per rank)").items(nproc)
+    return [Reader(r.value, f"rank {i}'s observations") for i, r in enumerate(ranks)]
+
+
+def verify(spec, text: Any) -> list[str]:
+    """The learner-facing problems of rank check `spec` on the published observations `text` (empty: passed)."""
+    try:
+        ranks = decode(text, spec.nproc)
+    except Malformed as err:
+        return [f"{err}; only the check publishes its observations: did your code call runtime.publish?"]
+    report = {}
+    for rank, reader in enumerate(ranks):
+        try:
+            report[rank] = spec.fn(rank, spec.nproc, reader)
+        except Malformed as err:
+            report[rank] = [f"malformed observations ({err}): did your code change what the check records?"]
+        except Exception as err:  # data no accessor foresaw: still one line, never the grader's traceback
+            report[rank] = [f"the observations could not be checked ({type(err).__name__}: {str(err)[:200]})"]
+    failed = [rank for rank, problems in report.items() if problems]
+    if not failed:
+        return []
+    also = f" (rank(s) {failed[1:]} failed this check too)" if len(failed) > 1 else ""
+    return [f"rank {failed[0]}{also}: {p}" for p in report[failed[0]]]

@@ -1,0 +1,63 @@
+"""The fixed inputs of the multi-rank checks, made from seeds so that the ranks (rank_observe.py) and the trusted
+verifier (rank_verify.py) build exactly the same tensors, the verifier for every rank at once.
+
+Models are built under `torch.random.fork_rng`: the verifier runs in the learner's kernel, whose own random
+stream a check must not move.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+RING_LENGTHS = (12, 7, 2)          # divisible by 3 ranks, not divisible (uneven chunks), fewer elements than ranks
+DDP_CAP_BYTES, DDP_BACKWARDS = 700, 2  # twice: the hooks must reset between backwards
+ZERO1_NUMEL, ZERO1_STEPS, ZERO1_LR, ZERO1_BETA = 12, 3, 0.1, 0.9
+FG_NAMES = ("f forward", "f backward", "g forward", "g backward")
+MLP_HIDDEN = 8
+
+
+def ring_input(numel: int, rank: int) -> torch.Tensor:
+    return torch.randn(numel, generator=torch.Generator().manual_seed(100 * numel + rank))
+
+
+def toy_model() -> nn.Module:
+    """The same weights on every rank, as DDP's initial broadcast would make them."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 4))
+
+
+def ddp_batch(backward: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(10 * backward + rank)
+    return torch.randn(5, 8, generator=gen), torch.randn(5, 4, generator=gen)
+
+
+def zero1_start() -> torch.Tensor:
+    return torch.linspace(-1, 1, ZERO1_NUMEL)
+
+
+def zero1_grad(step: int, rank: int) -> torch.Tensor:
+    return torch.randn(ZERO1_NUMEL, generator=torch.Generator().manual_seed(7 * step + rank))
+
+
+def fg_input(rank: int) -> torch.Tensor:
+    return torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(rank))
+
+
+def mlp_layers() -> tuple[nn.Linear, nn.Linear, torch.Tensor]:
+    """The full MLP (fc: h → 4h, proj: 4h → h) and its input X, the same on every rank."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        h = MLP_HIDDEN
+        fc, proj = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+        return fc, proj, torch.randn(2, 3, h)
+
+
+def mlp_columns(rank: int, world: int) -> slice:
+    """Rank `rank`'s slice of the 4h hidden units: W1's rows, b1, W2's columns."""
+    return slice(rank * 4 * MLP_HIDDEN // world, (rank + 1) * 4 * MLP_HIDDEN // world)
+
+
+def loss_weights(y: torch.Tensor) -> torch.Tensor:
+    """L = Σ Y·w with these fixed, distinct weights: every output element gets its own gradient."""
+    return torch.arange(y.numel()).reshape(y.shape).sin()

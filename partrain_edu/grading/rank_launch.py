@@ -1,0 +1,81 @@
+"""Launch the observe half of a multi-rank check on N ranks and bring back what they published: the JSON text
+of every rank's observations (rank_observe.main), to be verified by the caller (observations.verify).
+
+The launcher (`partrain_edu.launch.torchrun`) hands back what rank 0 published by unpickling it in the calling
+process; the grading path publishes only a JSON string, and a rank that publishes something else gets a
+failure here. For `partrain-edu check` this runs in the sandbox (rank_runner.py), so the grader itself reads
+nothing but that text off the channel. A rank that raises, hangs or exits early becomes a LearnerError worded
+for the learner: the traceback is cut to the learner's own frames (no grader frames, no absolute paths).
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+import textwrap
+from pathlib import Path
+
+from partrain_edu.grading.core import LearnerError, Source, not_implemented
+from partrain_edu.grading.observations import MAX_TEXT_CHARS
+
+RANK_CODE = "from partrain_edu.grading.rank_observe import main\nmain()\n"
+
+
+def observe_on_ranks(spec, sources: list[Source], timeout: float) -> str:
+    """The published JSON text of check `spec` run on `spec.nproc` ranks with the learner's `sources`."""
+    from partrain_edu.launch import TorchrunError, torchrun
+
+    with tempfile.TemporaryDirectory(prefix="partrain_check_") as tmp:
+        job = Path(tmp) / "job.json"
+        job.write_text(json.dumps({"check": spec.name, "sources": [s.text for s in sources],
+                                   "names": [s.name for s in sources]}))
+        try:
+            result = torchrun(RANK_CODE, nproc=spec.nproc, timeout=timeout, args=[str(job)], echo=None)
+        except TorchrunError as err:
+            raise LearnerError(explain_failure(err, spec, timeout, sources)) from None
+    text = result.published.get("observations")
+    if text is None:
+        raise LearnerError("the ranks finished without reporting their observations: rank 0 never reached the "
+                           "end of the check (does your code exit the process?)")
+    if not isinstance(text, str):
+        raise LearnerError(f"the ranks published a {type(text).__name__} instead of the check's observations: "
+                           "does your code call runtime.publish?")
+    if len(text) > MAX_TEXT_CHARS:  # said here, before it travels: the grader's channel has its own, higher cap
+        raise LearnerError(f"the ranks published over {MAX_TEXT_CHARS // 2**20} MiB of observations: does your "
+                           "code call runtime.publish?")
+    return text
+
+
+def explain_failure(err, spec, timeout: float, sources: list[Source]) -> str:
+    """Why the launch failed, for the learner: not implemented, a deadlock (with the check's hint), or the
+    error a rank raised with the learner's own frames."""
+    tb = err.rank_traceback or str(err)
+    last = [line[:500] for line in tb.strip().splitlines() if line.strip()][-1:] or [""]
+    where = f"rank {err.rank}" if err.rank is not None else "the ranks"
+    if "NotImplementedError" in last[0]:
+        return f"{where}: " + not_implemented(last[0].split("NotImplementedError", 1)[1].lstrip(": "))
+    if err.timed_out or "timed out" in tb.lower() or "timeout" in last[0].lower():
+        return (f"{where}: timed out (limit {timeout:g} s) — the ranks waited on each other forever. "
+                f"{spec.deadlock_hint or 'Every rank must make the same calls in the same order.'}")
+    mine = learner_frames(tb, sources)
+    hint = (" — only your function's own source travels to the ranks: define any helper inside it (torch, dist, "
+            "nn, F, math and chunk_bounds are there)" if last[0].startswith("NameError") else "")
+    return (f"{where} raised {last[0].strip()}{hint}"
+            + (f"\n{textwrap.indent(mine[-1500:], '      ')}" if mine else ""))
+
+
+def learner_frames(tb: str, sources: list[Source]) -> str:
+    """The frames of traceback `tb` that are in the learner's functions (compiled as "<your NAME>"), each with
+    its line of the learner's source; empty when none is. The check's own frames and paths are left out."""
+    texts = {f"<your {s.name}>": s.text.splitlines() for s in sources}
+    out: list[str] = []
+    for line in tb.splitlines():
+        if not line.startswith('  File "'):
+            continue
+        filename, _, rest = line[len('  File "'):].partition('", line ')
+        if filename not in texts:
+            continue
+        number = rest.split(",", 1)[0]
+        out.append(f"{filename[1:-1]}, line {rest}")
+        if number.isdigit() and 0 < int(number) <= len(texts[filename]):
+            out.append("    " + texts[filename][int(number) - 1].strip())
+    return "\n".join(out)
