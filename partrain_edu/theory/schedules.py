@@ -245,3 +245,22 @@ def simulate(schedule: Schedule, t_forward: float = 1.0, t_backward: float = 2.0
                    for s in range(p) for a, start, end in timed[s])
     return SimResult(schedule, events, float(makespan), tuple(map(float, busy)), tuple(map(float, idle)),
                      float(bubble), tuple(peaks), tuple(inflight))
+
+
+def bubble_formula(schedule: str, stages: int, microbatches: int, chunks: int = 1, t_forward: float = 1.0,
+                   t_backward: float = 2.0, t_weight: float = 0.0) -> tuple[str, Fraction] | None:
+    """The closed-form bubble of ``schedule`` for equal stages, as (text, value); None where there is none:
+    naive (p−1)/p; GPipe and 1F1B (p−1)/(m+p−1) (Huang et al. 2019); interleaved (p−1)/(v·m+p−1)
+    (Narayanan et al. 2021); ZB-H1 (p−1)(F+B−W)/(m(F+B+W)+(p−1)(F+B−W)) (Qi et al. 2023)."""
+    p, m, v = stages, microbatches, chunks
+    if schedule == "naive":
+        return f"(p−1)/p = {p - 1}/{p}", Fraction(p - 1, p)
+    if schedule in ("gpipe", "1f1b"):
+        return f"(p−1)/(m+p−1) = {p - 1}/{m + p - 1}", Fraction(p - 1, m + p - 1)
+    if schedule == "interleaved":
+        return f"(p−1)/(v·m+p−1) = {p - 1}/{v * m + p - 1}", Fraction(p - 1, v * m + p - 1)
+    f, b, wt = (Fraction(x).limit_denominator(1000) for x in (t_forward, t_backward, t_weight))
+    if schedule == "zb-h1" and m >= p and wt <= f:
+        idle = (p - 1) * (f + b - wt)
+        return "(p−1)(F+B−W)/(m(F+B+W)+(p−1)(F+B−W))", idle / (m * (f + b + wt) + idle)
+    return None

@@ -17,85 +17,20 @@ from __future__ import annotations
 import base64
 import contextlib
 import html
-import io
 from dataclasses import dataclass, field
 from typing import Callable
 
 import ipywidgets as w
-import matplotlib.pyplot as plt
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.axis import Axis
-from matplotlib.container import Container
 from matplotlib.figure import Figure
-from PIL import Image
 
+from partrain_edu.viz._render import render_png
 from partrain_edu.viz.palette import OVER
 
-DPI = 100
 # Model-size presets shared by the widgets: the source notes' 7.5B example and well-known sizes.
 MODEL_PRESETS = {"GPT-2 1.5B": "1.5B", "7.5B (the notes' example)": "7.5B", "13B": "13B", "70B": "70B",
                  "175B (GPT-3)": "175B"}
 DEVICE_MEMORY = ["24 GB", "40 GB", "80 GB", "141 GB"]  # the sizes of common GPUs (RTX 4090, A100, H100, H200)
 POWERS_OF_TWO = [2**k for k in range(11)]  # 1 … 1024
-
-
-def _agg(fig: Figure) -> FigureCanvasAgg:
-    plt.close(fig)  # out of pyplot's list: no leak, and the inline backend will not show it a second time
-    canvas = FigureCanvasAgg(fig)  # Agg whatever the notebook's backend: we only want the pixels
-    fig.set_dpi(DPI)
-    fig.patch.set_facecolor("white")  # the inline backend's transparent default reads badly on dark themes
-    return canvas
-
-
-def _encode(canvas: FigureCanvasAgg) -> bytes:
-    # zlib level 1: a few ms, ~10 % bigger than the default level
-    buffer = io.BytesIO()
-    Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba()).save(
-        buffer, format="png", compress_level=1)
-    return buffer.getvalue()
-
-
-def render_png(fig: Figure) -> bytes:
-    """The figure as PNG bytes, from one Agg draw; the figure is closed but stays readable."""
-    canvas = _agg(fig)
-    canvas.draw()
-    return _encode(canvas)
-
-
-class Layered:
-    """Redraw only the data: matplotlib's blitting, for widgets whose frame rarely changes.
-
-    ``paint(key, frame, data)``: when ``key`` differs from last time, ``frame()`` builds a new figure (axes,
-    ticks, titles, legend), which is drawn once and its pixels kept. Then ``data(fig)`` adds the artists that
-    show the numbers and returns them; only they are drawn, over the kept pixels. So moving a control that
-    changes only the data (a ZeRO stage, dp) costs a few bars and labels, not the whole figure.
-    """
-
-    def __init__(self):
-        self.key, self.fig, self.canvas, self.background, self.artists = None, None, None, None, []
-
-    def paint(self, key, frame: Callable[[], Figure], data: Callable[[Figure], list]) -> tuple[Figure, bytes]:
-        fresh = key != self.key or self.fig is None
-        if fresh:
-            self.fig, self.key, self.artists = frame(), key, []
-            self.canvas = _agg(self.fig)
-        for artist in self.artists:
-            if not isinstance(artist, Axis):  # an axis (ticks that follow the data) stays; the rest goes
-                artist.remove()
-        self.artists = data(self.fig)
-        parts = [p for a in self.artists for p in (a if isinstance(a, Container) else [a])]
-        if fresh:
-            for part in parts:
-                part.set_animated(True)  # left out of the full draw: that draw is the frame alone
-            self.canvas.draw()
-            self.background = self.canvas.copy_from_bbox(self.fig.bbox)
-        else:
-            self.canvas.restore_region(self.background)
-        renderer = self.canvas.get_renderer()
-        for part in sorted(parts, key=lambda a: a.get_zorder()):  # the order a full draw would use
-            part.draw(renderer)
-            part.set_animated(False)  # so the figure also shows them when saved the ordinary way
-        return self.fig, _encode(self.canvas)
 
 
 def show_png(output: w.Output, png: bytes, alt: str) -> None:

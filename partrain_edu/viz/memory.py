@@ -21,8 +21,9 @@ from matplotlib.patches import Patch, Rectangle
 from partrain_edu.theory.memory import BYTES_PER_PARAM, MemoryEstimate, estimate_memory
 from partrain_edu.theory.planner import assumed_shape
 from partrain_edu.units import format_bytes, format_count, parse_size
-from partrain_edu.viz._app import (DEVICE_MEMORY, POWERS_OF_TWO, Layered, Section, WidgetApp,
-                                   link_model_preset, model_controls, toggles)
+from partrain_edu.viz._app import (DEVICE_MEMORY, POWERS_OF_TWO, Section, WidgetApp, link_model_preset,
+                                   model_controls, toggles)
+from partrain_edu.viz._render import Layered
 from partrain_edu.viz.palette import ACTIVATIONS, FITS, GRADS, INK, OPTIMIZER, OVER, PARAMS, clean
 
 STAGE_NAMES = ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
@@ -50,7 +51,8 @@ def zero_stage_estimates(params: int | float | str, *, micro_batch: int | None =
 def memory_figure(estimates: list[MemoryEstimate], *, selected: int = 0, device_bytes: int = 80 * 10**9,
                   title: str = "", dp: int | None = None) -> Figure:
     """Stacked bars (GB per device) of the four ZeRO stages; ``selected`` is outlined, the others faded."""
-    fig = _frame(estimates, device_bytes, title)
+    fig = _frame(estimates, title)
+    _scale(fig, estimates, device_bytes, title)
     _data(fig, estimates, selected, device_bytes, dp)
     return fig
 
@@ -63,28 +65,37 @@ def _components(estimates: list[MemoryEstimate]) -> list[tuple[str, str, str]]:
     return [c for c in COMPONENTS if c[0] != "activations" or any(e.activations_bytes for e in estimates)]
 
 
-def _frame(estimates: list[MemoryEstimate], device_bytes: int, title: str) -> Figure:
-    """What does not change with the ZeRO stage or dp: axes, the device line, labels, legend, title."""
+def _frame(estimates: list[MemoryEstimate], title: str) -> Figure:
+    """What changes only with the kinds of memory shown: the axes, the stages' names, the legend."""
     if len(estimates) != 4:
         raise ValueError("give four estimates, for ZeRO stages 0–3")
-    top, device = _top(estimates, device_bytes), device_bytes / 1e9
     fig, ax = plt.subplots(figsize=(10, 4.9))
     fig.subplots_adjust(left=0.07, right=0.86, top=0.8 if "\n" in title else 0.85, bottom=0.17)
-    ax.axhspan(device, top, color=OVER, alpha=0.05, lw=0)  # above the line: out of memory
-    right = ax.get_yaxis_transform()  # x in axes fractions, y in GB: labels in the right margin
-    ax.text(1.01, device, f"{device:.4g} GB\ndevice", transform=right, va="top", fontsize=10, color=INK)
-    ax.text(1.01, device, "▲ out of\n   memory", transform=right, va="bottom", fontsize=9, color=OVER)
     ax.set_xticks(range(4), [f"{n}\n{d}" for n, d in zip(STAGE_NAMES, STAGE_NOTES)], fontsize=9)
     ax.set_xlim(-0.5, 3.5)
-    ax.set_ylim(0, top)
     ax.set_ylabel("GB per device")
     clean(ax)
     handles = [Patch(color=color, label=label) for _, label, color in _components(estimates)]
     ax.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(handles), frameon=False,
               fontsize=9)
     if title:
-        fig.suptitle(title, fontsize=11)
+        fig.suptitle(" ", fontsize=11)  # its text is the scale's
     return fig
+
+
+def _scale(fig: Figure, estimates: list[MemoryEstimate], device_bytes: int, title: str) -> list:
+    """What changes with the model and the device, not with the ZeRO stage or dp: the GB scale, the device's
+    memory, the title; returns them."""
+    ax, top, device = fig.axes[0], _top(estimates, device_bytes), device_bytes / 1e9
+    ax.set_ylim(0, top)
+    right = ax.get_yaxis_transform()  # x in axes fractions, y in GB: labels in the right margin
+    added = [ax.axhspan(device, top, color=OVER, alpha=0.05, lw=0),  # above the line: out of memory
+             ax.text(1.01, device, f"{device:.4g} GB\ndevice", transform=right, va="top", fontsize=10, color=INK),
+             ax.text(1.01, device, "▲ out of\n   memory", transform=right, va="bottom", fontsize=9, color=OVER),
+             ax.yaxis]
+    if title:
+        added.append(fig.suptitle(title, fontsize=11))
+    return added
 
 
 def _data(fig: Figure, estimates: list[MemoryEstimate], selected: int, device_bytes: int,
@@ -93,7 +104,8 @@ def _data(fig: Figure, estimates: list[MemoryEstimate], selected: int, device_by
     if selected not in range(4):
         raise ValueError("selected must be a ZeRO stage, 0–3")
     ax, top, device = fig.axes[0], _top(estimates, device_bytes), device_bytes / 1e9
-    added, bottom = [], [0.0] * 4
+    # the axis lines go over the bars' white edges, the shading and the device line, as in a full draw
+    added, bottom = [ax.spines["bottom"], ax.spines["left"]], [0.0] * 4
     for key, label, color in _components(estimates):
         heights = [getattr(e, f"{key}_bytes") / 1e9 for e in estimates]
         bars = ax.bar(range(4), heights, 0.62, bottom=bottom, color=color, label=label, edgecolor="white", lw=1)
@@ -141,7 +153,7 @@ def fits_sentence(estimates: list[MemoryEstimate], selected: int, device_bytes: 
 
 
 def _drawer():
-    painter = Layered()  # one per widget: its frame is redrawn only when the scale or the title change
+    painter = Layered()  # one per widget: frame, then scale and title, then the bars, each kept till it changes
 
     def draw(v: dict) -> tuple[Figure, str, bytes]:
         params = parse_size(v["params"])
@@ -157,9 +169,11 @@ def _drawer():
             s = assumed_shape(params)
             title += (f"\nactivations: {s.layers} layers × hidden {s.hidden}, seq {v['seq']}, micro-batch "
                       f"{micro_batch}, recompute {v['recompute']}, 1F1B")
-        key = (title, device, _top(estimates, device), len(_components(estimates)))
-        fig, png = painter.paint(key, lambda: _frame(estimates, device, title),
-                                 lambda fig: _data(fig, estimates, v["zero"], device, dp=v["dp"]))
+        frame_key = (len(_components(estimates)), "\n" in title)
+        fig, png = painter.paint(frame_key, lambda: _frame(estimates, title),
+                                 lambda fig: _data(fig, estimates, v["zero"], device, dp=v["dp"]),
+                                 middle=((title, device, _top(estimates, device)),
+                                         lambda fig: _scale(fig, estimates, device, title)))
         return fig, fits_sentence(estimates, v["zero"], device, v["dp"]), png
     return draw
 

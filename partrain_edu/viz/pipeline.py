@@ -16,7 +16,6 @@ over v chunks, and (p−1)(F+B−W) / (m(F+B+W) + (p−1)(F+B−W)) for ZB-H1 (Q
 from __future__ import annotations
 
 import functools
-from fractions import Fraction
 
 import ipywidgets as w
 import matplotlib.pyplot as plt
@@ -25,8 +24,9 @@ from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from partrain_edu.theory.schedules import SimResult, build_schedule, simulate
-from partrain_edu.viz._app import DPI, Layered, Section, WidgetApp, toggles
+from partrain_edu.theory.schedules import SimResult, bubble_formula, build_schedule, simulate
+from partrain_edu.viz._app import Section, WidgetApp, toggles
+from partrain_edu.viz._render import DPI, Layered
 from partrain_edu.viz.palette import BACKWARD, FORWARD, IDLE, INK, WEIGHT_GRAD, clean, lighten
 
 KIND_COLORS = {"F": FORWARD, "B": BACKWARD, "W": WEIGHT_GRAD}
@@ -38,8 +38,9 @@ LEFT, RIGHT = 0.07, 0.93  # axes position in figure widths (fixed: no tight_layo
 
 def _events(timeline) -> list[tuple[int, int, int, str, float, float]]:
     """(stage, microbatch, chunk, kind, start, end) from a SimResult or from events (objects or dicts)."""
-    events = timeline.events if isinstance(timeline, SimResult) else timeline
-    out = []
+    if isinstance(timeline, SimResult):  # the simulator's own events need no checking
+        return [(e.stage, e.microbatch, e.chunk, e.kind, e.start, e.end) for e in timeline.events]
+    events, out = timeline, []
     for e in events:
         get = e.get if isinstance(e, dict) else (lambda key, default=None, e=e: getattr(e, key, default))
         try:
@@ -70,23 +71,6 @@ def inflight_curves(events, stages: int) -> list[list[tuple[float, int]]]:
             curve.append((t, held))
         curves.append(curve)
     return curves
-
-
-def bubble_formula(schedule: str, stages: int, microbatches: int, chunks: int = 1, t_forward: float = 1.0,
-                   t_backward: float = 2.0, t_weight: float = 0.0) -> tuple[str, Fraction] | None:
-    """The closed-form bubble of ``schedule`` for equal stages, as (text, value); None where there is none."""
-    p, m, v = stages, microbatches, chunks
-    if schedule == "naive":
-        return f"(p−1)/p = {p - 1}/{p}", Fraction(p - 1, p)
-    if schedule in ("gpipe", "1f1b"):
-        return f"(p−1)/(m+p−1) = {p - 1}/{m + p - 1}", Fraction(p - 1, m + p - 1)
-    if schedule == "interleaved":
-        return f"(p−1)/(v·m+p−1) = {p - 1}/{v * m + p - 1}", Fraction(p - 1, v * m + p - 1)
-    f, b, wt = (Fraction(x).limit_denominator(1000) for x in (t_forward, t_backward, t_weight))
-    if schedule == "zb-h1" and m >= p and wt <= f:
-        idle = (p - 1) * (f + b - wt)
-        return "(p−1)(F+B−W)/(m(F+B+W)+(p−1)(F+B−W))", idle / (m * (f + b + wt) + idle)
-    return None
 
 
 ROW_PX = 8  # image rows per stage: a 1-row white gap above and below (imshow stretches them to the axes)

@@ -16,12 +16,14 @@ from __future__ import annotations
 import ipywidgets as w
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from partrain_edu.theory.memory import estimate_memory
 from partrain_edu.theory.planner import SEQ, USABLE_FRACTION, Plan, link_of, plan
 from partrain_edu.theory.traffic import LINKS, step_traffic
 from partrain_edu.units import format_bytes, format_count, parse_size
 from partrain_edu.viz._app import DEVICE_MEMORY, POWERS_OF_TWO, Section, WidgetApp, link_model_preset, model_controls, toggles
+from partrain_edu.viz._render import Layered
 from partrain_edu.viz.palette import ACTIVATIONS, FITS, GRADS, INK, OPTIMIZER, OVER, PARAMS, TRANSIENT, clean
 from partrain_edu.viz.traffic import LINK_NAMES
 
@@ -63,27 +65,28 @@ def layout_traffic(chosen: Plan, params: int, gpus: int, gpus_per_node: int, int
     return [(name, t.per_rank_bytes_sent, lk, t.per_rank_bytes_sent / LINKS[lk]) for name, t, lk in rows]
 
 
+MEMORY_PARTS = (("params", "parameters", PARAMS), ("grads", "gradients", GRADS),
+                ("optimizer", "optimizer states", OPTIMIZER), ("activations", "activations", ACTIVATIONS),
+                ("transient", "transient buffers", TRANSIENT))
+
+
 def planner_figure(chosen: Plan, params: int, gpu_memory: int, gpus: int, gpus_per_node: int = 8,
                    interconnect: str = "infiniband") -> Figure:
     """Left: the chosen layout's bytes per GPU against the device; right: bytes per step per group and time."""
-    parts = layout_memory(chosen, params)
-    traffic = layout_traffic(chosen, params, gpus, gpus_per_node, interconnect)
-    lay = chosen.layout
+    fig = _frame(gpu_memory, _top(chosen, gpu_memory))
+    _data(fig, chosen, params, gpu_memory, gpus, gpus_per_node, interconnect)
+    return fig
+
+
+def _top(chosen: Plan, gpu_memory: int) -> float:
+    return max(chosen.layout.bytes_per_device, gpu_memory) / 1e9 * 1.15
+
+
+def _frame(gpu_memory: int, top: float) -> Figure:
+    """What depends only on the GPU's memory: both axes, the memory scale and legend, the GPU's lines."""
     fig, (mem_ax, net_ax) = plt.subplots(1, 2, figsize=(11.5, 4.2), gridspec_kw={"width_ratios": [1.15, 2], "wspace": 0.5})
     fig.subplots_adjust(left=0.06, right=0.97, top=0.78, bottom=0.13)
-    top = max(lay.bytes_per_device, gpu_memory) / 1e9 * 1.15
-    bottom = 0.0
-    for key, label, color in (("params", "parameters", PARAMS), ("grads", "gradients", GRADS),
-                              ("optimizer", "optimizer states", OPTIMIZER), ("activations", "activations", ACTIVATIONS),
-                              ("transient", "transient buffers", TRANSIENT)):
-        h = parts[key] / 1e9
-        mem_ax.bar(0, h, 0.6, bottom=bottom, color=color, label=label, edgecolor="white")
-        if h >= 0.06 * top:
-            mem_ax.text(0, bottom + h / 2, f"{h:.1f}", ha="center", va="center", color="white", fontsize=9, fontweight="bold")
-        bottom += h
-    fits = lay.bytes_per_device <= gpu_memory
-    mem_ax.text(0, bottom + top * 0.01, format_bytes(lay.bytes_per_device), ha="center", va="bottom",
-                fontweight="bold", color=FITS if fits else OVER)
+    # in the frame, under the bars: a chosen layout fits below the usable line, so no bar reaches them
     mem_ax.axhline(gpu_memory / 1e9, color=INK, ls="--", lw=1.3)
     mem_ax.axhline(USABLE_FRACTION * gpu_memory / 1e9, color=INK, ls=":", lw=1)
     mem_ax.text(0.42, gpu_memory / 1e9, f"{format_bytes(gpu_memory)} GPU", va="bottom", fontsize=8.5)
@@ -92,39 +95,69 @@ def planner_figure(chosen: Plan, params: int, gpu_memory: int, gpus: int, gpus_p
     mem_ax.set_ylim(0, top)
     mem_ax.set_xticks([])
     mem_ax.set_ylabel("GB per GPU")
-    mem_ax.legend(loc="lower right", fontsize=8, frameon=False)  # below the lines: a chosen layout fits
+    handles = [Patch(facecolor=color, edgecolor="white", label=label) for _, label, color in MEMORY_PARTS]
+    mem_ax.legend(handles=handles, loc="lower right", fontsize=8, frameon=False)  # below the lines: a layout fits
     clean(mem_ax)
+    net_ax.set_ylim(2.5, -0.5)  # three rows: the tp, pp and dp groups
+    net_ax.set_xlabel("GB sent per step by the busiest rank of each group")
+    clean(net_ax)
+    fig.suptitle(" ", fontsize=10.5)  # its text is the data's
+    return fig
 
-    names = [row[0] for row in traffic]
-    net_ax.barh(range(len(traffic)), [row[1] / 1e9 for row in traffic], 0.6,
-                color=[ACTIVATIONS, ACTIVATIONS, GRADS])
+
+def _data(fig: Figure, chosen: Plan, params: int, gpu_memory: int, gpus: int, gpus_per_node: int,
+          interconnect: str) -> list:
+    """The chosen layout: memory bars, traffic bars, their numbers and ticks, the titles; returns them."""
+    mem_ax, net_ax = fig.axes
+    lay, parts = chosen.layout, layout_memory(chosen, params)
+    traffic = layout_traffic(chosen, params, gpus, gpus_per_node, interconnect)
+    top, bottom = _top(chosen, gpu_memory), 0.0
+    added = [mem_ax.spines["bottom"], net_ax.spines["left"]]  # drawn over the bars' white edges, as in a full draw
+    for key, label, color in MEMORY_PARTS:
+        h = parts[key] / 1e9
+        added.append(mem_ax.bar(0, h, 0.6, bottom=bottom, color=color, label=label, edgecolor="white"))
+        if h >= 0.06 * top:
+            added.append(mem_ax.text(0, bottom + h / 2, f"{h:.1f}", ha="center", va="center", color="white",
+                                     fontsize=9, fontweight="bold"))
+        bottom += h
+    fits = lay.bytes_per_device <= gpu_memory
+    added.append(mem_ax.text(0, bottom + top * 0.01, format_bytes(lay.bytes_per_device), ha="center", va="bottom",
+                             fontweight="bold", color=FITS if fits else OVER))
+
+    added.append(net_ax.barh(range(len(traffic)), [row[1] / 1e9 for row in traffic], 0.6,
+                             color=[ACTIVATIONS, ACTIVATIONS, GRADS]))
     largest = max([row[1] for row in traffic] + [1]) / 1e9
     for y, (_, nbytes, lk, seconds) in enumerate(traffic):
         text = (f"{format_bytes(nbytes)} over {LINK_NAMES[lk]} ≥ {seconds:.3g} s" if nbytes
                 else "nothing (degree 1)")
-        net_ax.text(nbytes / 1e9 + largest * 0.01, y, text, va="center", fontsize=9)
-    net_ax.set_yticks(range(len(traffic)), names, fontsize=9)
-    net_ax.set_ylim(len(traffic) - 0.5, -0.5)
+        added.append(net_ax.text(nbytes / 1e9 + largest * 0.01, y, text, va="center", fontsize=9))
+    net_ax.set_yticks(range(len(traffic)), [row[0] for row in traffic], fontsize=9)
     net_ax.set_xlim(0, largest * 1.9)
-    net_ax.set_xlabel("GB sent per step by the busiest rank of each group")
-    net_ax.set_title(f"estimated step {lay.step_time_s:.3g} s, of which communication not hidden "
-                     f"{lay.exposed_comm_s:.3g} s", fontsize=10)
-    clean(net_ax)
+    added += [net_ax.xaxis, net_ax.yaxis]  # their ticks follow the layout
+    added.append(net_ax.set_title(f"estimated step {lay.step_time_s:.3g} s, of which communication not hidden "
+                                  f"{lay.exposed_comm_s:.3g} s", fontsize=10))
     shape = chosen.shape
-    fig.suptitle(f"{format_count(params)} on {gpus} GPUs → {STRATEGY_NAMES[lay.strategy]}: dp={lay.dp} tp={lay.tp} "
-                 f"pp={lay.pp} ZeRO-{lay.zero}; micro-batch {lay.micro_batch} × {lay.microbatches}, recompute "
-                 f"{lay.recompute}\n(assumed shape: {shape.layers} layers × hidden {shape.hidden}, {shape.heads} heads, "
-                 f"seq {SEQ})", fontsize=10.5)
-    return fig
+    added.append(fig.suptitle(
+        f"{format_count(params)} on {gpus} GPUs → {STRATEGY_NAMES[lay.strategy]}: dp={lay.dp} tp={lay.tp} "
+        f"pp={lay.pp} ZeRO-{lay.zero}; micro-batch {lay.micro_batch} × {lay.microbatches}, recompute "
+        f"{lay.recompute}\n(assumed shape: {shape.layers} layers × hidden {shape.hidden}, {shape.heads} heads, "
+        f"seq {SEQ})", fontsize=10.5))
+    return added
 
 
-def _draw(v: dict) -> tuple[Figure, str]:
-    params, memory = parse_size(v["params"]), parse_size(v["device"])
-    chosen = plan(params, v["gpus"], memory, v["gpus_per_node"], v["interconnect"])
-    fig = planner_figure(chosen, params, memory, v["gpus"], v["gpus_per_node"], v["interconnect"])
-    lay = chosen.layout
-    return fig, (f"Recommendation: <b>{STRATEGY_NAMES[lay.strategy]}</b> (dp={lay.dp}, tp={lay.tp}, pp={lay.pp}, "
-                 f"ZeRO-{lay.zero}). Why: {chosen.reason}")
+def _drawer():
+    painter = Layered()  # one per widget: its frame is redrawn only for another GPU memory
+
+    def draw(v: dict) -> tuple[Figure, str, bytes]:
+        params, memory = parse_size(v["params"]), parse_size(v["device"])
+        chosen = plan(params, v["gpus"], memory, v["gpus_per_node"], v["interconnect"])
+        fig, png = painter.paint((memory, _top(chosen, memory)), lambda: _frame(memory, _top(chosen, memory)),
+                                 lambda fig: _data(fig, chosen, params, memory, v["gpus"], v["gpus_per_node"],
+                                                   v["interconnect"]))
+        lay = chosen.layout
+        return fig, (f"Recommendation: <b>{STRATEGY_NAMES[lay.strategy]}</b> (dp={lay.dp}, tp={lay.tp}, "
+                     f"pp={lay.pp}, ZeRO-{lay.zero}). Why: {chosen.reason}"), png
+    return draw
 
 
 def planner_widget(params: str = "7.5B", gpus: int = 64) -> WidgetApp:
@@ -140,4 +173,4 @@ def planner_widget(params: str = "7.5B", gpus: int = 64) -> WidgetApp:
     }
     rows = [["preset", "params", "gpus"], ["gpus_per_node", "device"], ["interconnect"]]
     watch = ("params", "gpus", "gpus_per_node", "device", "interconnect")
-    return WidgetApp("planner", controls, [Section("", _draw, watch, rows)], links=link_model_preset)
+    return WidgetApp("planner", controls, [Section("", _drawer(), watch, rows)], links=link_model_preset)

@@ -63,62 +63,38 @@ def collective_figure(op: str, n: int, step: int = 0, payload_bytes: int = 10**9
 
     ``measured``: {world size: bytes one rank sent for one call} (e.g. from ``CommTracer``) drawn on the curve.
     """
+    check_step(op, n, step)
+    fig = collective_frame(op, n, payload_bytes, measured)
+    collective_data(fig, op, n, step, payload_bytes)
+    return fig
+
+
+def check_step(op: str, n: int, step: int) -> None:
     if op not in RING_OPS:
         raise ValueError(f"collective must be one of {', '.join(RING_OPS)}, got {op!r}")
     if isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= 32:
         raise ValueError(f"world size must be a whole number from 2 to 32, got {n!r}")
-    steps = ring_steps(op, n)
-    if not 0 <= step <= len(steps):
-        raise ValueError(f"step must be between 0 and {len(steps)} for {OP_NAMES[op]} over {n} ranks")
-    buffers = states(op, n)[step]
-    chunk = payload_bytes / n
+    steps = len(ring_steps(op, n))
+    if not 0 <= step <= steps:
+        raise ValueError(f"step must be between 0 and {steps} for {OP_NAMES[op]} over {n} ranks")
+
+
+def collective_frame(op: str, n: int, payload_bytes: int, measured: dict[int, int] | None = None) -> Figure:
+    """What stays while the collective steps: rank and chunk labels, the title, and the whole bytes-vs-n curve."""
     fig, (ax, curve) = plt.subplots(1, 2, figsize=(12, 4.9), gridspec_kw={"width_ratios": [1.55, 1], "wspace": 0.18})
     fig.subplots_adjust(left=0.02, right=0.97, top=0.8, bottom=0.13)
-
-    # the buffers: cell (rank r, chunk c) split into n stripes, stripe j coloured if it holds rank j's data
-    stripes, colors = [], []
-    for r, row in enumerate(buffers):
-        for c, holds in enumerate(row):
-            for j in range(n):
-                x0 = c + 0.05 + 0.9 * j / n
-                stripes.append([(x0, r - 0.38), (x0 + 0.9 / n, r - 0.38), (x0 + 0.9 / n, r + 0.38), (x0, r + 0.38)])
-                colors.append(rank_color(j) if j in holds else "white")
-    ax.add_collection(PolyCollection(stripes, facecolors=colors, linewidths=0))
     for r in range(n):
-        for c in range(n):
-            ax.add_patch(Rectangle((c + 0.05, r - 0.38), 0.9, 0.76, fill=False, edgecolor="#BBBBBB", lw=0.8))
         ax.text(-0.15, r, f"rank {r}", ha="right", va="center", fontsize=9 if n <= 8 else 7, color=rank_color(r),
                 fontweight="bold")
     if n <= 12:
         for c in range(n):
             ax.text(c + 0.5, -0.62, f"chunk {c}" if n <= 6 else str(c), ha="center", va="bottom", fontsize=8, color=INK)
-    sent_so_far = [0] * n
-    for earlier in steps[:step]:
-        for t in earlier:
-            sent_so_far[t.src] += 1
-    if step:
-        for t in steps[step - 1]:
-            col = t.src if op == "all_to_all" else t.chunk   # the receiver's slot that changed
-            src_col = t.dst if op == "all_to_all" else t.chunk
-            color = rank_color(t.src)
-            ax.add_patch(Rectangle((src_col + 0.03, t.src - 0.41), 0.94, 0.82, fill=False, edgecolor=color,
-                                   lw=1.6, ls=(0, (3, 2)), zorder=4))   # what was sent …
-            ax.add_patch(Rectangle((col + 0.02, t.dst - 0.42), 0.96, 0.84, fill=False, edgecolor=color,
-                                   lw=2.4, zorder=4))                   # … and where it landed
-            wrap = abs(t.dst - t.src) > 1 or src_col != col   # long arrows bow out to the side
-            ax.add_patch(FancyArrowPatch((src_col + 0.5, t.src), (col + 0.5, t.dst), shrinkA=4, shrinkB=4,
-                                         connectionstyle=f"arc3,rad={0.3 if wrap else 0.0}", arrowstyle="-|>",
-                                         mutation_scale=16, color=color, lw=2.2, zorder=6,
-                                         path_effects=[withStroke(linewidth=4.5, foreground="white")]))
     ax.text(n / 2, n - 0.4, "a chunk shows the colours of the ranks whose data it holds",
             ha="center", va="top", fontsize=8.5, color="#666666")
     ax.set_xlim(-1.3, n + 0.1)
     ax.set_ylim(n - 0.1, -0.9)
     ax.set_axis_off()
-    ax.set_title(f"{OP_NAMES[op]} over {n} ranks: chunks of S/n = {format_bytes(chunk)}", fontsize=11)
-    sent = max(sent_so_far)
-    fig.text(0.02, 0.955, _describe(op, n, step, len(steps)) + f"\nsent so far by the busiest rank: {sent} chunk"
-             f"{'s' if sent != 1 else ''} = {format_bytes(sent * chunk)}", fontsize=10.5, va="top", ha="left")
+    ax.set_title(f"{OP_NAMES[op]} over {n} ranks: chunks of S/n = {format_bytes(payload_bytes / n)}", fontsize=11)
 
     # what one rank sends, as a multiple of S, against n
     label, factor = FACTORS[op]
@@ -143,6 +119,42 @@ def collective_figure(op: str, n: int, step: int = 0, payload_bytes: int = 10**9
     curve.legend(loc="lower right", fontsize=8, frameon=False)
     clean(curve)
     return fig
+
+
+def collective_data(fig: Figure, op: str, n: int, step: int, payload_bytes: int) -> list:
+    """What changes with the step: the buffers, this step's transfers and the sentence above; returns them."""
+    ax, steps = fig.axes[0], ring_steps(op, n)
+    # cell (rank r, chunk c) split into n stripes, stripe j coloured if it holds rank j's data
+    stripes, colors = [], []
+    for r, row in enumerate(states(op, n)[step]):
+        for c, holds in enumerate(row):
+            for j in range(n):
+                x0 = c + 0.05 + 0.9 * j / n
+                stripes.append([(x0, r - 0.38), (x0 + 0.9 / n, r - 0.38), (x0 + 0.9 / n, r + 0.38), (x0, r + 0.38)])
+                colors.append(rank_color(j) if j in holds else "white")
+    cells = [[(c + 0.05, r - 0.38), (c + 0.95, r - 0.38), (c + 0.95, r + 0.38), (c + 0.05, r + 0.38)]
+             for r in range(n) for c in range(n)]
+    added = [ax.add_collection(PolyCollection(stripes, facecolors=colors, linewidths=0)),
+             ax.add_collection(PolyCollection(cells, facecolors="none", edgecolors="#BBBBBB", linewidths=0.8))]
+    for t in steps[step - 1] if step else ():
+        col = t.src if op == "all_to_all" else t.chunk   # the receiver's slot that changed
+        src_col = t.dst if op == "all_to_all" else t.chunk
+        color = rank_color(t.src)
+        added.append(ax.add_patch(Rectangle((src_col + 0.03, t.src - 0.41), 0.94, 0.82, fill=False,
+                                            edgecolor=color, lw=1.6, ls=(0, (3, 2)), zorder=4)))  # what was sent …
+        added.append(ax.add_patch(Rectangle((col + 0.02, t.dst - 0.42), 0.96, 0.84, fill=False, edgecolor=color,
+                                            lw=2.4, zorder=4)))                                  # … where it landed
+        wrap = abs(t.dst - t.src) > 1 or src_col != col   # long arrows bow out to the side
+        added.append(ax.add_patch(FancyArrowPatch(
+            (src_col + 0.5, t.src), (col + 0.5, t.dst), shrinkA=4, shrinkB=4,
+            connectionstyle=f"arc3,rad={0.3 if wrap else 0.0}", arrowstyle="-|>", mutation_scale=16, color=color,
+            lw=2.2, zorder=6, path_effects=[withStroke(linewidth=4.5, foreground="white")])))
+    sent = max(sum(1 for s in steps[:step] for t in s if t.src == r) for r in range(n))
+    chunk = payload_bytes / n
+    added.append(fig.text(0.02, 0.955, _describe(op, n, step, len(steps)) + f"\nsent so far by the busiest rank: "
+                          f"{sent} chunk{'s' if sent != 1 else ''} = {format_bytes(sent * chunk)}",
+                          fontsize=10.5, va="top", ha="left"))
+    return added
 
 
 def collective_sentence(op: str, n: int, step: int, payload_bytes: int) -> str:

@@ -19,6 +19,8 @@ import math
 
 import ipywidgets as w
 import matplotlib.pyplot as plt
+from matplotlib.collections import PolyCollection
+from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
@@ -27,8 +29,9 @@ from partrain_edu.theory.ring_steps import RING_OPS, ring_steps
 from partrain_edu.theory.traffic import LINKS, link_time, step_traffic
 from partrain_edu.units import format_bytes, format_count, parse_size
 from partrain_edu.viz._app import POWERS_OF_TWO, Section, WidgetApp, link_model_preset, model_controls, toggles
+from partrain_edu.viz._render import Layered
 from partrain_edu.viz.palette import ACTIVATIONS, GRADS, INK, PARAMS, clean
-from partrain_edu.viz.ring import OP_NAMES, collective_figure, collective_sentence
+from partrain_edu.viz.ring import OP_NAMES, check_step, collective_data, collective_frame, collective_sentence
 
 ROWS = [("ddp", "DDP"), ("zero1", "ZeRO-1"), ("zero2", "ZeRO-2"), ("zero3", "ZeRO-3"), ("tp", "TP"), ("pp", "PP")]
 LINK_NAMES = {"nvlink": "NVLink", "infiniband": "InfiniBand", "10gbe": "10 GbE", "1gbe": "1 GbE"}
@@ -63,56 +66,82 @@ def strategy_traffic_figure(traffic: dict, *, degrees: dict[str, int] | None = N
 
     ``measured``: {strategy: a train report's "comm" dict ({op: {"calls", "bytes"}})} drawn as ◆ on its row.
     """
-    degrees = degrees or {}
+    fig = _frame(len(_rows(traffic)), bool(title))
+    _data(fig, traffic, degrees or {}, measured, title)
+    return fig
+
+
+def _rows(traffic: dict) -> list[tuple[str, str]]:
+    return [(key, label) for key, label in ROWS if key in traffic]
+
+
+def _frame(rows: int, titled: bool) -> Figure:
+    """What stays whatever the model and degrees: the two axes, the links' column heads."""
     fig, (bars, table) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [1.35, 1], "wspace": 0.05})
     fig.subplots_adjust(left=0.13, right=0.985, top=0.8, bottom=0.14)
-    rows = [(key, label) for key, label in ROWS if key in traffic]
-    largest = max([t.per_rank_bytes_sent for t in traffic.values()]
-                  + [sum(op["bytes"] for op in comm.values()) for comm in (measured or {}).values()] + [1])
-    unit, scale = next((u, f) for u, f in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1)) if largest >= f or f == 1)
-    seen = {}
-    for y, (key, label) in enumerate(rows):
-        left = 0
-        for c in traffic[key].collectives:
-            what, color = MOVES[c.op, key in ("tp", "pp")]
-            bars.barh(y, c.bytes_sent / scale, left=left / scale, color=color, height=0.62, edgecolor="white")
-            seen[what] = color
-            left += c.bytes_sent
-        note = format_bytes(left) if left else "0 B (nothing to send at this degree)"
-        bars.text(left / scale + largest / scale * 0.03, y, note, va="center", fontsize=9, color=INK)
-        if measured and key in measured:
-            got = sum(op["bytes"] for op in measured[key].values())
-            bars.plot([got / scale], [y], "D", color="black", ms=7, zorder=5)
-            same = "= predicted ✓" if got == left else f"vs {format_bytes(left)} predicted"
-            bars.text(got / scale, y - 0.42, f"measured {format_bytes(got)} {same}", fontsize=8, ha="left", va="bottom")
-    bars.set_yticks(range(len(rows)), [f"{label} ({degree_text(key, degrees)})" if degrees else label
-                                        for key, label in rows], fontsize=9)
-    bars.set_ylim(len(rows) - 0.5, -0.6)
-    bars.set_xlim(0, largest / scale * 1.45)
-    bars.set_xlabel(f"{unit} sent per step by the busiest rank")
-    bars.legend(handles=[Patch(color=c, label=f"{what}") for what, c in seen.items()], loc="lower right",
-                fontsize=8, frameon=False, title="what moves", title_fontsize=8)
+    bars.set_ylim(rows - 0.5, -0.6)
     clean(bars)
-
-    # time on each link, coloured from green (hidden easily) to red (dominates the step), log scale
-    cmap = plt.get_cmap("RdYlGn_r")
-    for y, (key, _) in enumerate(rows):
-        for x, link in enumerate(LINKS):
-            seconds = link_time(traffic[key].per_rank_bytes_sent, link)
-            shade = 0.0 if seconds <= 0 else min(1.0, max(0.0, (math.log10(seconds) + 3) / 5))  # 1 ms … 100 s
-            table.add_patch(plt.Rectangle((x - 0.48, y - 0.4), 0.96, 0.8, color=cmap(shade), alpha=0.75 if seconds else 0.15))
-            table.text(x, y, _seconds(seconds), ha="center", va="center", fontsize=9)
     table.set_xlim(-0.5, len(LINKS) - 0.5)
-    table.set_ylim(len(rows) - 0.5, -0.6)
+    table.set_ylim(rows - 0.5, -0.6)
     table.set_xticks(range(len(LINKS)), [f"{LINK_NAMES[k]}\n{LINKS[k] / 1e9:g} GB/s" for k in LINKS], fontsize=9)
     table.xaxis.tick_top()
     table.set_yticks([])
     clean(table, keep=())
     table.tick_params(length=0)
     table.set_xlabel("time on one link (bandwidth only: a lower bound)", fontsize=9)
-    if title:
-        fig.suptitle(title, fontsize=11)
+    if titled:
+        fig.suptitle(" ", fontsize=11)  # its text is the data's
     return fig
+
+
+def _data(fig: Figure, traffic: dict, degrees: dict[str, int], measured: dict[str, dict] | None, title: str) -> list:
+    """The bars, their numbers, the legend, the time table and the title; returns them."""
+    bars, table = fig.axes
+    rows = _rows(traffic)
+    largest = max([t.per_rank_bytes_sent for t in traffic.values()]
+                  + [sum(op["bytes"] for op in comm.values()) for comm in (measured or {}).values()] + [1])
+    unit, scale = next((u, f) for u, f in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1)) if largest >= f or f == 1)
+    seen, pieces, added = {}, [], [bars.spines["left"]]  # the spine over the bars' white edges, as a full draw
+    for y, (key, label) in enumerate(rows):
+        left = 0
+        for c in traffic[key].collectives:
+            what, color = MOVES[c.op, key in ("tp", "pp")]
+            pieces.append((y, c.bytes_sent / scale, left / scale, color))
+            seen[what] = color
+            left += c.bytes_sent
+        note = format_bytes(left) if left else "0 B (nothing to send at this degree)"
+        added.append(bars.text(left / scale + largest / scale * 0.03, y, note, va="center", fontsize=9, color=INK))
+        if measured and key in measured:
+            got = sum(op["bytes"] for op in measured[key].values())
+            added += bars.plot([got / scale], [y], "D", color="black", ms=7, zorder=5)
+            same = "= predicted ✓" if got == left else f"vs {format_bytes(left)} predicted"
+            added.append(bars.text(got / scale, y - 0.42, f"measured {format_bytes(got)} {same}", fontsize=8,
+                                   ha="left", va="bottom"))
+    if pieces:  # one call for every piece: one container, drawn in the order the rows stack them
+        ys, widths, lefts, colors = zip(*pieces)
+        added.append(bars.barh(ys, widths, left=lefts, color=colors, height=0.62, edgecolor="white"))
+    bars.set_yticks(range(len(rows)), [f"{label} ({degree_text(key, degrees)})" if degrees else label
+                                        for key, label in rows], fontsize=9)
+    bars.set_xlim(0, largest / scale * 1.45)
+    bars.set_xlabel(f"{unit} sent per step by the busiest rank")
+    added += [bars.xaxis, bars.yaxis]
+    added.append(bars.legend(handles=[Patch(color=c, label=f"{what}") for what, c in seen.items()], loc="lower right",
+                             fontsize=8, frameon=False, title="what moves", title_fontsize=8))
+
+    # time on each link, coloured from green (hidden easily) to red (dominates the step), log scale:
+    # one collection of cells (a patch each costs more to add and draw), its text on each
+    cmap, cells, shades = plt.get_cmap("RdYlGn_r"), [], []
+    for y, (key, _) in enumerate(rows):
+        for x, link in enumerate(LINKS):
+            seconds = link_time(traffic[key].per_rank_bytes_sent, link)
+            shade = 0.0 if seconds <= 0 else min(1.0, max(0.0, (math.log10(seconds) + 3) / 5))  # 1 ms … 100 s
+            cells.append([(x - 0.48, y - 0.4), (x + 0.48, y - 0.4), (x + 0.48, y + 0.4), (x - 0.48, y + 0.4)])
+            shades.append(to_rgba(cmap(shade), 0.75 if seconds else 0.15))
+            added.append(table.text(x, y, _seconds(seconds), ha="center", va="center", fontsize=9))
+    added.append(table.add_collection(PolyCollection(cells, facecolors=shades, edgecolors=shades, linewidths=1.0)))
+    if title:
+        added.append(fig.suptitle(title, fontsize=11))
+    return added
 
 
 def degree_text(key: str, degrees: dict[str, int]) -> str:
@@ -126,14 +155,22 @@ def _seconds(s: float) -> str:
     return f"{s * 1e6:.3g} µs" if s < 1e-3 else f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.3g} s"
 
 
-def _draw_collective(v: dict) -> tuple[Figure, str]:
-    size = parse_size(v["size"])
-    fig = collective_figure(v["op"], v["ranks"], v["step"], size)
-    return fig, collective_sentence(v["op"], v["ranks"], v["step"], size)
+def _collective_drawer():
+    painter = Layered()  # one per widget: the labels and the curve are redrawn only for a new op, n or S
+
+    def draw(v: dict) -> tuple[Figure, str, bytes]:
+        op, n, step, size = v["op"], v["ranks"], v["step"], parse_size(v["size"])
+        check_step(op, n, step)
+        fig, png = painter.paint((op, n, size), lambda: collective_frame(op, n, size),
+                                 lambda fig: collective_data(fig, op, n, step, size))
+        return fig, collective_sentence(op, n, step, size), png
+    return draw
 
 
 def _strategy_drawer(measured: dict | None):
-    def draw(v: dict) -> tuple[Figure, str]:
+    painter = Layered()  # one per widget: the axes and the links' column heads are kept
+
+    def draw(v: dict) -> tuple[Figure, str, bytes]:
         params = parse_size(v["params"])
         kw = dict(dp=v["dp"], tp=v["tp"], pp=v["pp"], microbatches=v["microbatches"])
         traffic = strategy_traffic(params, bytes_per_element=v["element"], **kw)
@@ -141,12 +178,13 @@ def _strategy_drawer(measured: dict | None):
         title = (f"{format_count(params)} parameters ({8 * v['element']}-bit), {v['microbatches']} micro-batch(es) "
                  "per step; TP/PP: "
                  f"{shape.layers} layers × hidden {shape.hidden}, seq 2048, micro-batch 1")
-        fig = strategy_traffic_figure(traffic, degrees=kw, measured=measured, title=title)
+        fig, png = painter.paint(len(ROWS), lambda: _frame(len(ROWS), True),
+                                 lambda fig: _data(fig, traffic, kw, measured, title))
         ratio = traffic["zero3"].per_rank_bytes_sent / max(traffic["ddp"].per_rank_bytes_sent, 1)
         sentence = (f"DDP sends {format_bytes(traffic['ddp'].per_rank_bytes_sent)} per step; ZeRO-3 "
                     f"{ratio:.2g}× that" + (" (1.5× at one micro-batch: the extra all-gather)" if v["microbatches"] == 1 else "")
                     + f". On 1 GbE the DDP all-reduce alone takes {_seconds(link_time(traffic['ddp'].per_rank_bytes_sent, '1gbe'))}.")
-        return fig, sentence
+        return fig, sentence, png
     return draw
 
 
@@ -184,7 +222,7 @@ def traffic_widget(op: str = "all_reduce", ranks: int = 4, params: str = "7.5B",
         app.controls["op"].observe(resize, names="value")
         app.controls["ranks"].observe(resize, names="value")
 
-    sections = [Section("One collective, step by step", _draw_collective, ("op", "ranks", "size", "step"),
+    sections = [Section("One collective, step by step", _collective_drawer(), ("op", "ranks", "size", "step"),
                         [["op"], ["ranks", "size", "play", "step"]]),
                 Section("One training step, per strategy", _strategy_drawer(measured),
                         ("params", "dp", "tp", "pp", "microbatches", "element"),
