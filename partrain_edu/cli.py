@@ -30,10 +30,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     from partrain_edu import train  # imports torch: only the train command pays for it
     from partrain_edu.launch import TorchrunError, check_timeout
     from partrain_edu.strategies import get_strategy
+    from partrain_edu.strategies.emulation import check as check_emulation
 
     timeout = None if args.timeout.lower() == "none" else check_timeout(args.timeout, "--timeout", none="none")
     cfg = config_from_args(args)
     get_strategy(cfg.strategy).layout(cfg)  # bad sizes fail before a progress bar appears
+    check_emulation(cfg)
     bar = tqdm(total=cfg.steps, desc=cfg.strategy, unit="step", file=sys.stderr, disable=args.json)
 
     def progress(step: int, loss: float) -> None:

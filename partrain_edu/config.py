@@ -44,6 +44,9 @@ class TrainConfig:
     steps: int = 20
     seed: int = 0
     global_batch: int = 16
+    device: str = field(default="cpu", metadata={
+        "help": "cpu, or emulated:a100 / emulated:h100[,node=N,net=1gbe,scale=S] to time the run as on that "
+                "device (a lens for seconds; the arithmetic stays this machine's)"})
     model: "GPTConfig" = field(default_factory=_default_model, metadata={"flag": False})  # not on the CLI
 
     def __post_init__(self):
@@ -55,6 +58,10 @@ class TrainConfig:
                 raise ValueError(f"--{name} must be a positive integer, got {getattr(self, name)}")
         if self.seed < 0:
             raise ValueError(f"--seed must be non-negative, got {self.seed}")
+        if self.device != "cpu":
+            from partrain_edu.emulated import parse  # no torch: the spec is checked before any process starts
+
+            parse(self.device)
         for name, (limit, why) in LIMITS.items():
             if getattr(self, name) > limit:
                 raise ValueError(f"--{name.replace('_', '-')} must be at most {limit}, got {getattr(self, name)}: "

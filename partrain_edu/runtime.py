@@ -58,6 +58,7 @@ class ParallelContext:
     backend: str
     timeout_s: float
     topology: Topology | None = None   # the named dimensions (dp, tp, pp) and their groups, when asked for
+    emulator: Any = None                # `emulated.Emulator` when init(device="emulated:...") shapes time
 
     @property
     def is_main(self) -> bool:
@@ -99,14 +100,20 @@ def _choose_backend(requested: str, local_world_size: int) -> str:
 
 
 def init(backend: str = "auto", timeout: float | None = None, *, dp: int | None = None, tp: int | None = None,
-         pp: int | None = None, use_mesh: bool = False) -> ParallelContext:
+         pp: int | None = None, use_mesh: bool = False, device: str = "cpu") -> ParallelContext:
     """Create (or re-create) the default process group and return this rank's `ParallelContext`.
 
     `timeout` (seconds) bounds every collective: a teaching deadlock ends in an error that says what
     probably mismatched, instead of a frozen notebook. Default 60 s, or `--timeout` of the launcher.
     dp/tp/pp (any of them) also build the grid's groups (`topology.build`); a missing size is 1, except dp,
-    which takes the ranks left over.
+    which takes the ranks left over. `device="emulated:a100"` (see `partrain_edu.emulated`) shapes the time of
+    compute and communication like that device's, a lens for seconds; the arithmetic stays this machine's.
     """
+    emulator = None
+    if device != "cpu":   # parsed first: a bad spec is a one-line error before any group exists
+        from partrain_edu import emulated
+
+        emulator = emulated.parse(device, int(os.environ.get("RANK", 0)))
     if timeout is None:
         timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
     if backend == "auto":
@@ -130,21 +137,43 @@ def init(backend: str = "auto", timeout: float | None = None, *, dp: int | None 
     else:
         device = torch.device("cpu")
     kwargs: dict[str, Any] = dict(backend=chosen, timeout=datetime.timedelta(seconds=timeout))
+    _fresh_group_names()
     if launched:
         dist.init_process_group(**kwargs)  # env:// rendezvous from torchrun's variables
     else:
         # Standalone: a world of one, rendezvous in memory (no port to pick, nothing to collide with).
         dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
     _install_timeout_hint()
-    ctx = ParallelContext(rank, world_size, local_rank, device, chosen, timeout)
+    if emulator is not None:
+        from partrain_edu.emulated import links
+
+        links.install(emulator)
+    ctx = ParallelContext(rank, world_size, local_rank, device, chosen, timeout, emulator=emulator)
     if dp is None and tp is None and pp is None:
         return ctx
     tp, pp = tp or 1, pp or 1
     return ctx.with_layout(dp=dp or max(world_size // (tp * pp), 1), tp=tp, pp=pp, use_mesh=use_mesh)
 
 
+_inits = {"count": 0}
+
+
+def _fresh_group_names() -> None:
+    """Give a re-init's groups names of their own. torch names the default group "0" on every init (destroying
+    it resets the counter), so a second `init()` would look up the previous init's Gloo addresses under the same
+    keys of torchrun's store and fail ("Connection refused") or hang when a peer had not replaced its own yet:
+    seen in 1 re-init out of 3. Every rank inits the same number of times, so the names agree across ranks."""
+    from torch.distributed import distributed_c10d
+
+    if _inits["count"]:   # the first init keeps torch's own names
+        distributed_c10d._world.group_count = 1000 * _inits["count"]
+    _inits["count"] += 1
+
+
 def shutdown() -> None:
     """Destroy the default process group if there is one. Safe to call any number of times."""
+    if "partrain_edu.emulated" in sys.modules:   # a previous init's emulated links end with its group
+        sys.modules["partrain_edu.emulated"].uninstall()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 

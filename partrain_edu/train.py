@@ -9,7 +9,10 @@ same global batches and measures, for the JSON report (the CLI contract):
 - losses: the global-batch mean loss of each step (reported with the tracer paused: it is not training traffic);
 - comm: per step, the collectives of the rank that sends most, bytes under the ring cost model (`CommTracer`);
 - state_bytes: parameters, gradients and optimizer states resident on the most-loaded rank, read from tensors;
-- step_time_s: the median over steps of the slowest rank's step time.
+- step_time_s: the median over steps of the slowest rank's step time;
+- emulated (with `--device emulated:a100`): step_time_s is then the emulated device's, read from its clock
+  (`partrain_edu.emulated`); this machine's wall time, what was charged, and for pp-* the measured bubble
+  beside the formula's are reported here.
 """
 from __future__ import annotations
 
@@ -27,7 +30,9 @@ from partrain_edu import runtime
 from partrain_edu.comm import CommTracer
 from partrain_edu.config import TrainConfig, add_train_arguments, config_from_args, to_argv
 from partrain_edu.data import SyntheticTokens
+from partrain_edu.progress import StepProgress
 from partrain_edu.strategies import Strategy, get_strategy, tensor_bytes
+from partrain_edu.strategies.emulation import check as check_emulation, emulate
 
 
 def run(ctx: runtime.ParallelContext, cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
@@ -38,15 +43,20 @@ def run(ctx: runtime.ParallelContext, cfg: TrainConfig, on_step: Callable[[int, 
     if ctx.world_size != (1 if kind.in_process else cfg.nproc):
         raise ValueError(f"--nproc {cfg.nproc} does not match the {ctx.world_size} ranks torchrun started")
     strategy = strategy if strategy is not None else kind(ctx, cfg)
+    em = ctx.emulator
+    if em is not None:
+        emulate(strategy)  # TinyGPT's blocks charged as GPT-3 XL's layers on the emulated device
+    clock, per_second = (em.now, em.scale) if em is not None else (time.perf_counter, 1.0)
     data = SyntheticTokens(cfg.model.vocab_size, cfg.model.seq_len, seed=cfg.seed)
-    losses, times = [], []
+    losses, times, walls = [], [], []
     tracer = CommTracer()
     with tracer:
         for step in range(cfg.steps):
             x, y = data.global_batch(step, cfg.global_batch)
-            start = time.perf_counter()
+            start, wall = clock(), time.perf_counter()
             loss_sum, count = strategy.train_step(x, y)
-            elapsed = time.perf_counter() - start
+            elapsed = (clock() - start) / per_second
+            walls.append(time.perf_counter() - wall)
             tracer.step()
             with tracer.paused():  # reporting is not training traffic
                 totals = torch.tensor([loss_sum, float(count)], dtype=torch.float64)
@@ -62,10 +72,14 @@ def run(ctx: runtime.ParallelContext, cfg: TrainConfig, on_step: Callable[[int, 
         with tracer.paused():
             everyone: list[dict] = [{} for _ in range(ctx.world_size)]
             dist.all_gather_object(everyone, held)
+            timing = strategy.timing()
     most_loaded = max(everyone, key=lambda h: sum(h.values()))
-    return {"strategy": cfg.strategy, "world_size": ctx.world_size, "losses": losses, "comm": comm,
-            "state_bytes": {k: most_loaded.get(k, 0) for k in ("params", "grads", "optimizer")},
-            "step_time_s": statistics.median(times)}
+    report = {"strategy": cfg.strategy, "world_size": ctx.world_size, "losses": losses, "comm": comm,
+              "state_bytes": {k: most_loaded.get(k, 0) for k in ("params", "grads", "optimizer")},
+              "step_time_s": statistics.median(times)}
+    if em is not None:  # step_time_s is then the emulated device's; the wall time is this machine's
+        report["emulated"] = {**em.report(), "wall_step_time_s": statistics.median(walls), **timing}
+    return report
 
 
 # -- launching: one process in place, or N ranks under torchrun -----------------------------------------
@@ -76,15 +90,28 @@ def launch(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None
            echo: Callable[[int | None, str], None] | None = None, timeout: float | None = None) -> dict:
     """Train with `cfg` and return the report (the `train --json` object). One process runs here, in a
     world of one; more run under torchrun (`partrain_edu.launch.torchrun`), their report published by rank 0.
-    `on_step(step, loss)` follows progress; `echo(rank, line)` receives the ranks' other output. After
-    `timeout` seconds (None: no limit) the run is stopped, in this process or on every rank."""
-    from partrain_edu.launch import call_with_timeout, check_timeout, torchrun
+    `on_step(step, loss)` follows progress (without one, a run longer than a few seconds shows a progress bar:
+    `partrain_edu.progress`); `echo(rank, line)` receives the ranks' other output. After `timeout` seconds
+    (None: no limit) the run is stopped, in this process or on every rank."""
+    from partrain_edu.launch import check_timeout
 
     timeout = check_timeout(timeout)
     get_strategy(cfg.strategy).layout(cfg)  # every size check before a process starts
+    check_emulation(cfg)
+    if on_step is not None:
+        return _launch(cfg, on_step, echo, timeout)
+    ranks = 1 if get_strategy(cfg.strategy).in_process else cfg.nproc
+    with StepProgress(cfg.steps, f"{cfg.strategy} on {ranks} rank{'s' if ranks > 1 else ''}") as progress:
+        return _launch(cfg, lambda step, loss: progress.step(step + 1), echo, timeout)
+
+
+def _launch(cfg: TrainConfig, on_step: Callable[[int, float], None], echo: Callable[[int | None, str], None] | None,
+            timeout: float | None) -> dict:
+    from partrain_edu.launch import call_with_timeout, torchrun
+
     if cfg.nproc == 1 or get_strategy(cfg.strategy).in_process:
         torch.set_num_threads(1)  # as under torchrun (OMP_NUM_THREADS=1): the same numbers either way
-        ctx = runtime.init()
+        ctx = runtime.init(device=cfg.device)
         runtime.seed_everything(cfg.seed)
         try:
             return call_with_timeout(lambda: run(ctx, cfg, on_step=on_step), timeout)
@@ -94,13 +121,11 @@ def launch(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None
     def route(rank: int | None, text: str) -> None:
         if text.startswith(PROGRESS_TAG):
             _, step, _, loss = text.split()
-            if on_step is not None:
-                on_step(int(step) - 1, float(loss))
+            on_step(int(step) - 1, float(loss))
         elif echo is not None:
             echo(rank, text)
 
-    extra = ["--progress"] if on_step is not None else []
-    result = torchrun("", nproc=cfg.nproc, module="partrain_edu.train", args=to_argv(cfg) + extra,
+    result = torchrun("", nproc=cfg.nproc, module="partrain_edu.train", args=[*to_argv(cfg), "--progress"],
                       echo=route, timeout=timeout)
     return result.published["report"]
 
@@ -116,7 +141,7 @@ def _rank_main() -> None:
     parser.set_defaults(nproc=int(os.environ.get("WORLD_SIZE", 1)))
     args = parser.parse_args()
     cfg = config_from_args(args)
-    ctx = runtime.init()
+    ctx = runtime.init(device=cfg.device)
     runtime.seed_everything(cfg.seed)
 
     def progress(step: int, loss: float) -> None:

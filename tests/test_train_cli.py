@@ -95,3 +95,21 @@ def test_timeout_stops_an_in_process_strategy_too():
     done = cli("train", "--strategy", "single", "--steps", "100000", "--timeout", "3", "--json")
     assert done.returncode == 1 and "timed out after 3 s" in done.stderr and "--timeout" in done.stderr
     assert time.perf_counter() - start < 30
+
+
+def test_a_pipeline_on_the_emulated_device_reports_its_bubble_beside_the_formula(single):
+    report = train_json("--strategy", "pp-1f1b", "--nproc", "4", "--pp", "4", "--microbatches", "8", "--steps", "3",
+                        "--device", "emulated:a100")
+    bubble = report["emulated"]["bubble"]
+    assert bubble["formula"] == pytest.approx(3 / 11) and bubble["formula_text"].startswith("(p−1)/(m+p−1)")
+    assert abs(bubble["measured"] - bubble["formula"]) < 0.03       # messages cost a little on top
+    assert report["emulated"]["dominance"] >= 10
+    assert max(abs(a - b) for a, b in zip(report["losses"], single["losses"])) < 1e-5   # time shaped, not math
+    # (m + p − 1) · 3 · a stage of 24/4 GPT-3 XL layers over 2 sequences on an A100: the emulated step time
+    assert report["step_time_s"] == pytest.approx(11 * 3 * 6 * 2 * 7.71e-4, rel=0.08)
+
+
+def test_a_strategy_the_emulator_cannot_time_is_refused_before_it_starts():
+    done = cli("train", "--strategy", "torch-ddp", "--nproc", "2", "--device", "emulated:a100", timeout=60)
+    assert done.returncode == 2 and "torch-ddp cannot be timed on the emulated device" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -63,9 +63,10 @@ class DistributedDataParallel(nn.Module):
     """Wrap `module`: forward is the module's; backward also averages the gradients over `group`."""
 
     def __init__(self, module: nn.Module, group=None, bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES,
-                 find_unused_parameters: bool = False):
+                 find_unused_parameters: bool = False, clock=time.perf_counter):
         super().__init__()
         self.module, self.group = module, group
+        self.clock = clock               # what the timeline is timed with: wall time, or an emulated device's
         self.world_size = dist.get_world_size(group)
         self.find_unused_parameters = find_unused_parameters
         broadcast_parameters(module, group)
@@ -87,7 +88,7 @@ class DistributedDataParallel(nn.Module):
         return out
 
     def _backward_started(self, grad: torch.Tensor) -> None:
-        self._step = {"backward_start": time.perf_counter(), "buckets": []}
+        self._step = {"backward_start": self.clock(), "buckets": []}
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -103,16 +104,16 @@ class DistributedDataParallel(nn.Module):
         flat = bucket.pack()                 # (bucket numel,) this rank's gradients
         flat.div_(self.world_size)           # divide first, as PyTorch does: the sum cannot overflow fp16
         record = {"bucket": bucket.index, "bytes": bucket.nbytes, "params": len(bucket.params),
-                  "launched": time.perf_counter()}
+                  "launched": self.clock()}
         self._step.setdefault("buckets", []).append(record)
         work = dist.all_reduce(flat, group=self.group, async_op=True)   # through dist: CommTracer sees it
         # Runs when the all-reduce has completed (on Gloo's thread): the finish time of the overlap picture.
-        done = work.get_future().then(lambda fut: record.update(finished=time.perf_counter()))
+        done = work.get_future().then(lambda fut: record.update(finished=self.clock()))
         self._pending.append((bucket, done))
 
     def _finish(self) -> None:
         """End of backward: wait for every bucket, write the averaged gradients back."""
-        compute_end = time.perf_counter()
+        compute_end = self.clock()
         used = [p.grad is not None for p in self.params]
         for bucket, done in self._pending:
             done.wait()
@@ -133,7 +134,7 @@ class DistributedDataParallel(nn.Module):
         step, self._step = self._step, {}
         start = step.get("backward_start", compute_end)
         self.timeline.append({
-            "compute_end": compute_end - start, "synced": time.perf_counter() - start,
+            "compute_end": compute_end - start, "synced": self.clock() - start,
             "buckets": [{**b, "launched": b["launched"] - start, "finished": b["finished"] - start}
                         for b in step.get("buckets", [])]})
 

@@ -114,16 +114,17 @@ class PipelineExecutor:
     …), with real sends/receives through `mailbox`, `ranks[s]` being stage s's rank; records what ran when."""
 
     def __init__(self, schedule: Schedule, chunks: list[nn.Module], stage: int, ranks: list[int],
-                 mailbox: Mailbox, loss_fn):
+                 mailbox: Mailbox, loss_fn, clock=time.perf_counter):
         self.schedule, self.chunks, self.stage, self.ranks, self.mail = schedule, chunks, stage, ranks, mailbox
         self.loss_fn = loss_fn  # (last virtual stage's output, targets) → the micro-batch's mean loss
+        self.clock = clock      # what events are timed with: wall time, or an emulated device's clock
         virtual = schedule.stages * schedule.chunks
         if (len(chunks), len(ranks), mailbox.vs) != (schedule.chunks, schedule.stages, virtual):
             raise ValueError(f"schedule {schedule.name!r} has {schedule.stages} stages of {schedule.chunks} chunks: "
                              f"give {schedule.chunks} chunks, {schedule.stages} ranks and a Mailbox of "
                              f"{virtual - 1} boundaries (got {len(chunks)}, {len(ranks)}, {mailbox.vs - 1})")
         self.p, self.last_virtual = schedule.stages, virtual - 1
-        self.events: list[dict] = []       # this rank's last step, perf_counter seconds
+        self.events: list[dict] = []       # this rank's last step, in seconds of `clock`
         self.peak = 0                      # most (micro-batch, chunk) activations stashed at once, last step
 
     def rank_of(self, virtual: int) -> int:
@@ -143,25 +144,25 @@ class PipelineExecutor:
                     inp = micro[a.microbatch][0]
                 else:  # wait for the previous virtual stage's activation (the bubble, if it is late)
                     inp = self.mail.recv(self.rank_of(v - 1), "F", a.microbatch, v).requires_grad_()
-                start = time.perf_counter()
+                start = self.clock()
                 out = self.chunks[a.chunk](inp)
                 if v == self.last_virtual:
                     yb = micro[a.microbatch][1]
                     loss = self.loss_fn(out, yb)
                     loss_sum += loss.item() * yb.size(0)
                     out = loss / m                   # backward from the scaled loss, as `accumulate`
-                end = time.perf_counter()            # before the send: the receiver cannot start earlier
+                end = self.clock()            # before the send: the receiver cannot start earlier
                 if v != self.last_virtual:
                     self.mail.send(out, self.rank_of(v + 1), "F", a.microbatch, v + 1)
                 stash[a.microbatch, a.chunk] = (inp, out)
                 self.peak = max(self.peak, len(stash))
             elif a.kind == "B":
                 grad = None if v == self.last_virtual else self.mail.recv(self.rank_of(v + 1), "B", a.microbatch, v)
-                start = time.perf_counter()
+                start = self.clock()
                 inp, out = stash.pop((a.microbatch, a.chunk))   # frees this micro-batch's activations
                 if out.requires_grad:                # not so only on a first stage without parameters
                     out.backward(grad)
-                end = time.perf_counter()
+                end = self.clock()
                 if v > 0:
                     self.mail.send(inp.grad, self.rank_of(v - 1), "B", a.microbatch, v - 1)
             else:

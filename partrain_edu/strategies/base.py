@@ -65,6 +65,10 @@ class Strategy:
         self.optimizer.step()
         return loss_sum, count
 
+    def timing(self) -> dict:
+        """Extra timing facts for the report, on the emulated device (every rank calls it): none by default."""
+        return {}
+
     def sync_after_backward(self) -> None:
         """Called once the step's backward passes are done (ddp-naive communicates here)."""
 

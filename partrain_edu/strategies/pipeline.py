@@ -27,7 +27,8 @@ from partrain_edu.parallel.pipeline import (PipelineExecutor, Stage, gather_time
                                             measured_bubble, split_layers)
 from partrain_edu.parallel.pp_comm import Mailbox
 from partrain_edu.strategies.base import Strategy, get_strategy, register
-from partrain_edu.theory.schedules import build_schedule
+from partrain_edu.strategies.emulation import emulate
+from partrain_edu.theory.schedules import bubble_formula, build_schedule
 
 
 def check_pipeline(cfg: TrainConfig, name: str, chunks: int = 1) -> int:
@@ -118,6 +119,16 @@ class PipelineParallel(Strategy):
         self.optimizer.step()
         return result
 
+    def timing(self) -> dict:
+        """On the emulated device, the last step's measured bubble beside the formula's (every rank calls it).
+        On a real CPU the bubble measures contention for cores, not the schedule: nothing is reported."""
+        if self.ctx.emulator is None:
+            return {}
+        events = gather_timeline(self.executor.events)
+        text, value = bubble_formula(self.schedule_name, self.pp, self.cfg.microbatches, self.chunks_per_rank)
+        return {"bubble": {"measured": measured_bubble(events, self.pp), "formula": float(value),
+                           "formula_text": text}}
+
 
 @register("pp-naive")
 class NaivePipeline(PipelineParallel):
@@ -151,6 +162,8 @@ def profile_step(ctx, cfg: TrainConfig, boundaries: list[int] | None = None, war
         raise ValueError(f"profile_step runs our executor: pick pp-naive, pp-gpipe, pp-1f1b or pp-interleaved, "
                          f"not {cfg.strategy}")
     strategy = get_strategy(cfg.strategy)(ctx, cfg, boundaries=boundaries)
+    if ctx.emulator is not None:
+        emulate(strategy)
     data = SyntheticTokens(cfg.model.vocab_size, cfg.model.seq_len, seed=cfg.seed)
     for step in range(warmup + 1):
         dist.barrier()  # start each step together, so the first stage's lead is not counted as bubble

@@ -33,8 +33,9 @@ per step (gradient accumulation):
   comes back: a middle stage sends 2m messages, the first and last stage m (we report the busiest rank).
 
 With ``--tp``/``--pp`` given to ``ddp``/``zero*``, the data-parallel collectives carry one model-parallel
-shard, Ψ/(tp·pp) parameters (as in memory.py). **Link time**: :func:`link_time` divides bytes by a link's
-one-direction bandwidth — a lower bound, ignoring latency, protocol overhead and overlap with compute.
+shard, Ψ/(tp·pp) parameters (as in memory.py). **Link time** (Hockney's α–β model): :func:`link_time` and
+:func:`collective_time` charge α per message (per ring step: 2(n−1) for an all-reduce) plus bytes over the
+link's one-direction bandwidth β — still a lower bound: no protocol overhead, no overlap with compute.
 """
 
 from __future__ import annotations
@@ -55,6 +56,65 @@ LINKS = {
 }
 
 
+# α: seconds per message (per ring step), Hockney's latency term. Orders of magnitude, not measurements: NCCL's
+# small-message all-reduce on NVLink takes some µs per ring step; an InfiniBand round trip a few µs; a TCP
+# message over Ethernet tens of µs. `benchmarks/alpha_beta.py` fits Gloo's on this machine.
+LATENCY = {"nvlink": 3e-6, "infiniband": 5e-6, "10gbe": 30e-6, "1gbe": 50e-6}
+
+
+def ring_steps(op: str, group_size: int) -> int:
+    """Messages each rank sends one after another for ``op`` over a ring of ``group_size`` ranks: the α count."""
+    if op not in OPS:
+        raise ValueError(f"op must be one of {', '.join(OPS)}, got {op!r}")
+    n = group_size
+    if n == 1:
+        return 0
+    return {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1, "broadcast": n - 1,
+            "send": 1}[op]
+
+
+def collective_time(op: str, payload_bytes: int, group_size: int, link: str | None = None, *,
+                    alpha: float | None = None, beta: float | None = None) -> float:
+    """α–β time of one ``op``: ring_steps·α + ring_bytes_sent/β, with α, β those of ``link`` unless given.
+    (A pipelined broadcast overlaps its n−1 hops: we charge them, an upper bound for small messages.)"""
+    if link is not None and link not in LINKS:
+        raise ValueError(f"link must be one of {', '.join(LINKS)}, got {link!r}")
+    alpha = LATENCY[link] if alpha is None else alpha
+    beta = LINKS[link] if beta is None else beta
+    return ring_steps(op, group_size) * alpha + ring_bytes_sent(op, payload_bytes, group_size) / beta
+
+
+def fit_alpha_beta(samples: list[tuple[str, int, int, float]]) -> tuple[float, float, float]:
+    """Least-squares α (s per message) and β (bytes/s) from measured collectives, each (op, payload bytes,
+    group size, seconds), under t = ring_steps·α + ring_bytes_sent/β; also the fit's relative RMS error."""
+    rows = [(ring_steps(op, n), ring_bytes_sent(op, size, n), t) for op, size, n, t in samples]
+    if len(rows) < 2 or any(t <= 0 for *_, t in rows):
+        raise ValueError("need at least two timed collectives, each with a positive time")
+    # Normal equations of min Σ ((a·k + b·x − t)/t)²: relative errors, so small messages count as much as big ones.
+    w = [(k / t, x / t) for k, x, t in rows]        # each row: a·(k/t) + b·(x/t) ≈ 1
+    skk, skx, sxx = sum(k * k for k, _ in w), sum(k * x for k, x in w), sum(x * x for _, x in w)
+    sk, sx = sum(k for k, _ in w), sum(x for _, x in w)
+    det = skk * sxx - skx * skx
+    if det <= 0:
+        raise ValueError("the samples cannot separate α from β: vary both the message size and the group size")
+    alpha, inv_beta = (sk * sxx - sx * skx) / det, (sx * skk - sk * skx) / det
+    if alpha <= 0 or inv_beta <= 0:
+        raise ValueError(f"the fit gave α = {alpha:.3g} s, 1/β = {inv_beta:.3g} s/B: too noisy; time more repeats")
+    error = (sum(((alpha * k + inv_beta * x) / t - 1) ** 2 for k, x, t in rows) / len(rows)) ** 0.5
+    return alpha, 1 / inv_beta, error
+
+
+def bucketed_backward_end(backward_s: float, bucket_comm_s: list[float]) -> float:
+    """When DDP's last all-reduce ends, from the start of backward, if k buckets become ready evenly through a
+    backward of `backward_s` (bucket i at (i+1)/k of it) and run one after another on one stream. For equal buckets
+    of total C this is max(B + C/k, B/k + C): overlap saves (1 − 1/k)·min(B, C) against one all-reduce of the
+    same bytes after backward (Li et al. 2020, PyTorch Distributed, §3.2.3), minus the extra buckets' α."""
+    k, end = len(bucket_comm_s), 0.0
+    for i, comm in enumerate(bucket_comm_s):
+        end = max(backward_s * (i + 1) / k, end) + comm
+    return max(end, backward_s)
+
+
 def ring_bytes_sent(op: str, payload_bytes: int, group_size: int) -> int:
     """Bytes one rank sends for one ``op`` on a full tensor of ``payload_bytes`` over ``group_size`` ranks."""
     if op not in OPS:
@@ -70,11 +130,12 @@ def ring_bytes_sent(op: str, payload_bytes: int, group_size: int) -> int:
     return -(-factor * (n - 1) * payload_bytes // n)  # ⌈factor·(n−1)/n·S⌉
 
 
-def link_time(nbytes: int, link: str) -> float:
-    """Seconds to send ``nbytes`` over ``link`` (a key of LINKS): a lower bound, bandwidth only."""
+def link_time(nbytes: int, link: str, messages: int = 0) -> float:
+    """Seconds to send ``nbytes`` over ``link`` (a key of LINKS) in ``messages`` messages: messages·α + S/β.
+    With the default messages = 0, bandwidth only: a lower bound."""
     if link not in LINKS:
         raise ValueError(f"link must be one of {', '.join(LINKS)}, got {link!r}")
-    return nbytes / LINKS[link]
+    return messages * LATENCY[link] + nbytes / LINKS[link]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,126 @@
+"""An emulated accelerator and links: seconds on a laptop shaped like a GPU cluster's — a lens for time.
+
+    ctx = runtime.init(device="emulated:a100")            # or "emulated:h100,node=2,net=1gbe,scale=40,slow=3:1.5"
+    ctx.emulator.charge(block, seconds=layer_seconds(GPT_1_3B, samples, DEVICES["a100"]))   # per forward
+
+Each rank keeps an **emulated clock** (`now()`, perf_counter-based, the same origin on every rank). It advances
+only by what the emulated device would spend: a charged module's forward `seconds` and backward twice that
+(compute.py), and every torch.distributed call's steps·α + bytes/β over NVLink inside a node of `node` ranks or
+`net` between nodes (links.py: messages carry their arrival time, collectives end when the last rank arrived
+plus their cost, one communication stream per rank, so overlap comes out of the real program). The real
+arithmetic still runs — losses stay exact — and a rank *waits* (sleeps, never spins) as long as its clock
+advanced since the last collective, so 8 ranks on 2 cores keep the emulated rhythm; when the machine is slower,
+the clock is unaffected: timelines read from it do not depend on load. Work that is not charged costs nothing.
+`scale`: wall seconds per emulated second; `slow=R:F` makes rank R's compute F× slower (a straggler).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from partrain_edu.theory.hardware import Device, device_named
+from partrain_edu.theory.traffic import LATENCY, LINKS
+
+PREFIX = "emulated:"
+NETS = ("infiniband", "10gbe", "1gbe")
+
+
+@dataclass
+class Emulator:
+    device: Device
+    rank: int = 0
+    scale: float = 1.0                 # wall seconds per emulated second
+    auto_scale: bool = True            # no scale=S in the spec: whoever charges the work may choose it
+    node: int = 8                      # ranks per emulated node
+    net: str = "infiniband"            # the link between nodes
+    slow: dict[int, float] = field(default_factory=dict)
+    bytes_scale: float = 1.0           # bytes charged per real byte sent (the named shape's messages)
+    clock: float = 0.0                 # this rank's emulated time, in perf_counter seconds (see links.install)
+    stream_free: float = 0.0           # when this rank's communication stream is next idle
+    charged_s: float = 0.0             # clock seconds spent in charged compute
+    real_s: float = 0.0                # wall seconds the real arithmetic took inside those windows
+    comm_s: float = 0.0                # clock seconds of communication on the stream
+    anchor: tuple[float, float] = (0.0, 0.0)   # (clock, wall) at the last point every rank agreed on
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def compute_factor(self) -> float:
+        return self.slow.get(self.rank, 1.0)
+
+    def now(self) -> float:
+        """This rank's emulated time (perf_counter units, a common origin on every rank)."""
+        return self.clock
+
+    def synced(self, t: float) -> None:
+        """Every rank agreed that the clock reads `t` now (a collective): pace from here."""
+        self.anchor = (t, time.perf_counter())
+
+    def advance_to(self, t: float) -> None:
+        """The clock moves to `t` if later; then wait, sleeping, until as much wall time has passed since the last
+        agreed point as clock time has (untimed work the machine did meanwhile is not charged twice)."""
+        with self.lock:
+            self.clock = max(self.clock, t)
+            target = self.anchor[1] + (self.clock - self.anchor[0])
+        while (left := target - time.perf_counter()) > 0:
+            time.sleep(left)
+
+    def compute(self, seconds: float) -> None:
+        """Spend `seconds` of emulated compute now: the clock moves past it before the real work runs, so what
+        the work triggers (a gradient hook issuing an all-reduce) happens when the emulated work has ended."""
+        cost = seconds * self.compute_factor * self.scale
+        self.charged_s += cost
+        self.advance_to(self.clock + cost)
+
+    def link_of(self, ranks) -> tuple[str, float, float]:
+        """(name, α, β) of the slowest link among `ranks`: a ring is as fast as its slowest hop."""
+        if len({r // self.node for r in ranks}) <= 1:
+            return "nvlink", LATENCY["nvlink"], self.device.nvlink
+        beta = self.device.nic if self.net == "infiniband" else LINKS[self.net]
+        return self.net, LATENCY[self.net], beta
+
+    def charge(self, module, seconds: float):
+        """Charge `module`'s every forward `seconds` and its backward twice that (compute.py)."""
+        from partrain_edu.emulated.compute import charge
+
+        return charge(self, module, seconds)
+
+    def report(self) -> dict:
+        """Charged compute and communication in emulated seconds, and the real CPU time hidden in the compute."""
+        return {"device": self.device.name, "scale": self.scale, "compute_s": self.charged_s / self.scale,
+                "comm_s": self.comm_s / self.scale, "real_compute_wall_s": self.real_s,
+                "dominance": self.charged_s / self.real_s if self.real_s else float("inf")}
+
+
+def parse(spec: str, rank: int = 0) -> Emulator:
+    """`emulated:NAME[,node=N][,net=infiniband|10gbe|1gbe][,scale=S][,slow=R:F]` → an Emulator (one-line errors)."""
+    if not isinstance(spec, str) or not spec.startswith(PREFIX):
+        raise ValueError(f"device must be 'cpu' or '{PREFIX}<name>' (e.g. {PREFIX}a100), got {spec!r}")
+    name, *options = spec[len(PREFIX):].split(",")
+    emulator = Emulator(device_named(name), rank=rank)
+    for option in options:
+        key, _, value = option.partition("=")
+        try:
+            if key == "node":
+                emulator.node = int(value)
+            elif key == "scale":
+                emulator.scale, emulator.auto_scale = float(value), False
+            elif key == "net" and value in NETS:
+                emulator.net = value
+            elif key == "slow":
+                r, f = value.split(":")
+                emulator.slow[int(r)] = float(f)
+            else:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"bad emulated-device option {option!r} in {spec!r}: use node=N, net="
+                             f"{'|'.join(NETS)}, scale=S or slow=RANK:FACTOR") from None
+    if emulator.node < 1 or not 0 < emulator.scale < 1e6 or any(not 0 < f < 1e3 for f in emulator.slow.values()):
+        raise ValueError(f"in {spec!r}: node must be ≥ 1, scale and slow factors positive and below 10^6")
+    return emulator
+
+
+def uninstall() -> None:
+    from partrain_edu.emulated import links
+
+    links.uninstall()

@@ -1,0 +1,63 @@
+"""Timing a course strategy on the emulated device: TinyGPT's arithmetic, GPT-3 XL's seconds.
+
+    partrain-edu train --strategy pp-1f1b --nproc 4 --pp 4 --microbatches 8 --device emulated:a100 --json
+
+TinyGPT's n blocks stand for GPT-3 XL's 24 layers: each is charged 24/n of its layers over this rank's
+micro-batch of 2048-token sequences (`theory.hardware.layer_seconds`); embeddings and head are not charged, so
+equal blocks make equal stages (the premise of the bubble formula). Messages are scaled to what the 1.3B model
+would send: data-parallel gradients and parameters by its bf16 bytes over TinyGPT's fp32 ones, activations by
+s·h·2 over T·H·4 per sample. Unless the device spec says `scale=S`, one step (compute and, for data parallelism, its all-reduce)
+takes about a second of wall time.
+Timed: single, ddp, ddp-naive, zero1, zero2, zero3 and pp-*; the others refuse with one line (PyTorch's own
+run their communication in C++, out of the emulator's reach; tensor parallelism is not modelled yet).
+"""
+from __future__ import annotations
+
+from partrain_edu.models import Block, TinyGPT
+from partrain_edu.theory.hardware import GPT_1_3B, layer_seconds
+from partrain_edu.theory.memory import gpt_param_count
+from partrain_edu.theory.traffic import collective_time
+
+SHAPE = GPT_1_3B
+DATA_PARALLEL = ("single", "ddp", "ddp-naive", "zero1", "zero2", "zero3")
+STEP_WALL_S = 1.0     # the wall time one step's charged compute should take when no scale is given
+
+
+def check(cfg) -> None:
+    """A one-line ValueError, before any process starts, if `cfg.strategy` cannot run on `cfg.device`."""
+    if cfg.device != "cpu" and cfg.strategy not in DATA_PARALLEL and not cfg.strategy.startswith("pp-"):
+        raise ValueError(f"--device {cfg.device}: {cfg.strategy} cannot be timed on the emulated device (its "
+                         f"communication is out of reach); use one of {', '.join(DATA_PARALLEL)} or pp-*")
+
+
+def emulate(strategy) -> None:
+    """Charge `strategy`'s blocks (or stages) on `strategy.ctx.emulator`; a one-line ValueError if it can't."""
+    em, cfg = strategy.ctx.emulator, strategy.cfg
+    check(cfg)
+    pipeline = hasattr(strategy, "executor")
+    m = cfg.microbatches
+    samples = cfg.global_batch // (strategy.dp * m)         # sequences per micro-batch on this rank
+    # TinyGPT's n blocks stand for GPT-3 XL's 24 layers: each block costs 24/n of them, so a step's compute and
+    # its gradients' bytes are the same model's
+    layer = layer_seconds(SHAPE, samples, em.device) * SHAPE.layers / cfg.model.n_layer
+    if pipeline:
+        for chunk in strategy.chunks:
+            em.charge(chunk, len(chunk.blocks) * layer)
+        # forward + backward (2×) of every micro-batch through an average stage: the same scale on every rank
+        per_step = 3 * m * layer * cfg.model.n_layer / strategy.pp
+        strategy.executor.clock = em.now
+        em.bytes_scale = (SHAPE.seq * SHAPE.hidden * 2) / (cfg.model.seq_len * cfg.model.n_embd * 4)
+    else:
+        if hasattr(strategy.model, "timeline"):            # our DDP: its overlap timeline on the emulated clock
+            strategy.model.clock = em.now
+        blocks = [b for b in strategy.model.modules() if isinstance(b, Block)]
+        for block in blocks:
+            em.charge(block, layer)
+        tiny = sum(p.numel() for p in TinyGPT(cfg.model).parameters())   # whole: zero3's own are shards
+        named = gpt_param_count(SHAPE.layers, SHAPE.hidden, 50257, SHAPE.seq) * 2   # bf16 gradient bytes
+        em.bytes_scale = named / (tiny * 4)
+        _, alpha, beta = em.link_of(tuple(range(strategy.ctx.world_size)))
+        per_step = 3 * cfg.model.n_layer * layer * m + collective_time("all_reduce", named, strategy.dp,
+                                                                       alpha=alpha, beta=beta)
+    if em.auto_scale:   # from the configuration only: every rank must pick the same scale
+        em.scale = STEP_WALL_S / per_step

@@ -1,0 +1,90 @@
+"""The emulated device turns a 2-core laptop's seconds into a cluster's: measured on its clock, the pipeline
+bubbles, a straggler's cost, DDP's overlap and the network's price equal what the formulas and the simulator
+say (one 4-rank launch, tests/ranks/emulated.py). The clock does not depend on the machine's load: the
+tolerances are the issue's (±0.03, ±10 %, ±15 %), and the results land far inside them.
+"""
+from pathlib import Path
+
+import pytest
+
+from partrain_edu import emulated
+from partrain_edu.launch import torchrun
+from partrain_edu.theory.hardware import DEVICES, GPT_1_3B, layer_forward_flops, layer_seconds
+from partrain_edu.theory.traffic import (bucketed_backward_end, collective_time, fit_alpha_beta, link_time,
+                                         ring_steps)
+
+RANKS = Path(__file__).parent / "ranks" / "emulated.py"
+
+
+@pytest.fixture(scope="module")
+def measured():
+    return torchrun(RANKS, nproc=4, timeout=300, echo=None).published["results"]
+
+
+def test_measured_bubbles_are_the_formulas(measured):
+    assert abs(measured["gpipe"]["bubble"] - 3 / 11) < 0.03       # (p−1)/(m+p−1), p = 4, m = 8
+    assert abs(measured["1f1b"]["bubble"] - 3 / 11) < 0.03        # 1F1B saves memory, not bubble
+    assert abs(measured["interleaved"]["bubble"] - 3 / 19) < 0.03  # (p−1)/(v·m+p−1), v = 2
+
+
+def test_a_straggler_slows_the_step_as_simulated(measured):
+    ratio = measured["slow_last"]["makespan"] / measured["1f1b"]["makespan"]
+    assert measured["slow_last"]["simulated_ratio"] == pytest.approx(15 / 11)   # 1.36×
+    assert ratio == pytest.approx(measured["slow_last"]["simulated_ratio"], rel=0.10)
+
+
+def test_ddp_overlap_saves_what_the_model_says(measured):
+    ddp = measured["ddp"]
+    assert ddp["buckets"] == [4, 1]
+    saving, model = ddp["single"] - ddp["bucketed"], ddp["model_single"] - ddp["model_bucketed"]
+    assert model > 0.2 * ddp["model_single"]                    # a saving worth teaching, not rounding
+    assert saving == pytest.approx(model, rel=0.15)
+
+
+def test_one_gigabit_ethernet_costs_what_link_time_says(measured):
+    links = measured["links"]
+    assert links["1gbe"] / links["infiniband"] == pytest.approx(links["model_1gbe"] / links["model_infiniband"],
+                                                                 rel=0.15)
+    assert links["1gbe"] > 5 * links["infiniband"]
+
+
+def test_the_charged_time_dominates_the_real_arithmetic(measured):
+    assert measured["report"]["dominance"] >= 10
+
+
+def test_bad_specs_are_one_line_errors():
+    for spec, words in [("emulated:tpu", "unknown emulated device 'tpu'"), ("gpu", "device must be 'cpu' or"),
+                        ("emulated:a100,net=wifi", "bad emulated-device option 'net=wifi'"),
+                        ("emulated:a100,scale=0", "scale and slow factors positive"),
+                        ("emulated:a100,slow=3", "bad emulated-device option 'slow=3'")]:
+        with pytest.raises(ValueError, match=words):
+            emulated.parse(spec)
+    em = emulated.parse("emulated:h100,node=2,net=1gbe,scale=40,slow=3:1.5", rank=3)
+    assert (em.node, em.net, em.scale, em.compute_factor) == (2, "1gbe", 40.0, 1.5)
+    assert em.link_of((0, 1))[0] == "nvlink" and em.link_of((1, 2))[0] == "1gbe"
+
+
+def test_the_latency_term():
+    assert ring_steps("all_reduce", 8) == 14 and ring_steps("send", 2) == 1 and ring_steps("all_gather", 1) == 0
+    assert link_time(10**9, "1gbe") == 8.0 and link_time(10**9, "1gbe", messages=2) == pytest.approx(8.0001)
+    alpha, beta = 1e-3, 1e6
+    assert collective_time("all_reduce", 8000, 4, alpha=alpha, beta=beta) == pytest.approx(6e-3 + 12000 / beta)
+    # k equal buckets: max(B + C/k, B/k + C), so overlap saves (1 − 1/k)·min(B, C)
+    assert bucketed_backward_end(4.0, [1.0] * 4) == 5.0 and bucketed_backward_end(4.0, [4.0]) == 8.0
+    assert bucketed_backward_end(1.0, [2.0, 2.0]) == 4.5
+
+
+def test_a_layer_costs_the_papers_flops():
+    # GPT-3 XL, one 2048-token sequence: 24·s·h² + 4·s²·h = 240.5 GFLOP, 0.77 ms on an A100's 312 TFLOP/s
+    assert layer_forward_flops(GPT_1_3B, 1) == 24 * 2048 ** 3 + 4 * 2048 ** 3
+    assert layer_seconds(GPT_1_3B, 1, DEVICES["a100"]) == pytest.approx(7.71e-4, rel=1e-3)
+
+
+def test_alpha_and_beta_are_recovered_from_timed_collectives():
+    alpha, beta = 2e-4, 1e9
+    samples = [("all_reduce", size, n, collective_time("all_reduce", size, n, alpha=alpha, beta=beta))
+               for size in (64, 10**6, 10**7) for n in (2, 4)]
+    fit = fit_alpha_beta(samples)
+    assert fit[0] == pytest.approx(alpha) and fit[1] == pytest.approx(beta) and fit[2] < 1e-9
+    with pytest.raises(ValueError, match="vary both the message size and the group size"):
+        fit_alpha_beta([("all_reduce", 1000, 2, 1.0), ("all_reduce", 1000, 2, 1.0)])
