@@ -5,12 +5,17 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.partrain-installed
 # Extra flags for `jupyter lab`, e.g. LAB_FLAGS="--no-browser --port 8899" (the lab test uses this).
 LAB_FLAGS ?=
+# The learner's own copy of the course, which the lab opens (git-ignored; see partrain_edu/workspace.py).
+WORKSPACE ?= workspace
+SYNC := $(BIN)/python -m partrain_edu.workspace --course "$(CURDIR)" --workspace "$(WORKSPACE)"
+# The course's JupyterLab defaults (no news pop-up), for this server only: the user's own config is untouched.
+LAB_CONFIG := JUPYTER_CONFIG_PATH="$(CURDIR)/jupyter_config$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}"
 # Jupyter refuses to start as root (containers, CI) unless told that it is on purpose.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 # nbval compares every cell's saved output; timings and addresses are masked by the sanitize file.
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: install lab test notebooks exercises clean browser
+.PHONY: install lab refresh test notebooks exercises clean browser
 
 install: $(STAMP)
 
@@ -22,9 +27,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -c "import torch, partrain_edu; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(STAMP)
 
+# Opens the workspace, created on first use; each time it also brings in what the course added or changed,
+# except where the learner changed their copy (named, and left alone).
 lab: install
-	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb \
-		$(ROOT_FLAG) $(LAB_FLAGS)
+	$(SYNC) sync
+	$(LAB_CONFIG) $(BIN)/jupyter lab --ServerApp.root_dir="$(abspath $(WORKSPACE))" \
+		--LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb $(ROOT_FLAG) $(LAB_FLAGS)
+
+# After `git pull`: take the course's newer notebooks even where you changed yours (yours go to workspace/backups/).
+refresh: install
+	$(SYNC) refresh
 
 test: install browser
 	$(BIN)/python -m pytest tests notebooks $(NBVAL)

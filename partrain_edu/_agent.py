@@ -5,9 +5,10 @@ command line cannot ask for.
 
 1. It dies with the launcher. PR_SET_PDEATHSIG has the kernel SIGKILL it as soon as the launcher thread that
    started it ends, however that ends (SIGTERM, SIGHUP from a closed terminal, the OOM killer); that thread is
-   blocked in `torchrun()` for the whole run. SIGKILL rather than SIGTERM: torchrun's own SIGTERM clean-up would
-   kill the ranks before their watchdogs (`partrain_edu._rank`) could kill what the ranks started in other
-   sessions; the watchdogs notice the launcher is gone and kill the whole run.
+   blocked in `torchrun()` for the whole run (a warm pool, `partrain_edu.warm`, keeps a thread waiting on it).
+   SIGKILL rather than SIGTERM: torchrun's own SIGTERM clean-up would kill the ranks before their watchdogs
+   (`partrain_edu._rank`) could kill what the ranks started in other sessions; the watchdogs notice the launcher
+   is gone and kill the whole run.
 2. Its stores listen on 127.0.0.1 only. torch's TCPStore server binds every interface whatever host it is given
    (`0.0.0.0` / `::` in TCPStoreLibUvBackend), and the rendezvous unpickles what it reads from its store: on a
    shared server that is an open door into the run. TCPStore takes an already-bound socket (`master_listen_fd`),

@@ -126,12 +126,13 @@ def _finish(labeller: int) -> None:
         pass
 
 
-def _user_traceback(exc: BaseException) -> str:
-    """The traceback without the launcher's, runpy's and torch's frames: the learner's code is what failed."""
+def _user_traceback(exc: BaseException, skip: tuple[str, ...] = ()) -> str:
+    """The traceback without the launcher's, runpy's, torch's and `skip`'s frames: the learner's code is what
+    failed (`skip`: the files of another wrapper, such as `partrain_edu._warm_rank`)."""
     import torch
 
     tb = traceback.TracebackException.from_exception(exc)
-    skip = (__file__, "<frozen runpy>", runpy.__file__)
+    skip = (__file__, "<frozen runpy>", runpy.__file__, *skip)
     torch_dir = os.path.dirname(torch.__file__) + os.sep  # torch's own wrappers say nothing to a learner
     frames = [f for f in tb.stack if f.filename not in skip]
     user_frames = [f for f in frames if not f.filename.startswith(torch_dir)]

@@ -10,8 +10,9 @@ rank is wrapped by `partrain_edu._rank`, so that the launcher can:
   saved output is the same on every run);
 - turn a failure into one `TorchrunError` naming the rank that caused it, with its own traceback (not
   torchrun's ChildFailedError wall);
-- stop the run after `timeout` seconds of wall-clock time (default 300 s), on a kernel interrupt, on another
-  rank's failure, or when the caller itself dies, killing every rank and everything the ranks started;
+- stop the run after `timeout` seconds of wall-clock time (default 300 s), on a kernel interrupt (one line:
+  `TorchrunInterrupted`), on another rank's failure, or when the caller itself dies, killing every rank and
+  everything the ranks started;
 - hand back the values ranks `runtime.publish`ed.
 """
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
 from partrain_edu import _procs
-from partrain_edu._diagnose import TorchrunError, failure, timeout_error
+from partrain_edu._diagnose import RANK_DEBUG_ENV, TorchrunError, TorchrunInterrupted, failure, timeout_error
 from partrain_edu.runtime import BACKEND_ENV, DEFAULT_TIMEOUT_S, PUBLISH_DIR_ENV, TIMEOUT_ENV
 
 # A cell that runs longer than this is stopped. It catches what the 60 s collective timeout inside the ranks
@@ -149,6 +150,8 @@ def torchrun(code_or_path: str | os.PathLike, nproc: int = 2, timeout: float | N
                     _procs.RUN_ENV: run.run_id, _procs.LAUNCHER_ENV: _procs.identity(os.getpid()) or ""}
         if os.path.exists("/sys/class/net/lo"):  # Gloo's own sockets on loopback too (single node)
             rank_env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        for name, value in RANK_DEBUG_ENV.items():  # the caller's own setting wins (DETAIL for one run)
+            rank_env.setdefault(name, value)
         if backend is not None:
             rank_env[BACKEND_ENV] = backend
         returncode, wall_s = _supervise(command, rank_env, run, timeout)
@@ -180,7 +183,10 @@ def _supervise(command: list[str], env: dict[str, str], run: _Run, timeout: floa
             lines.read(0.1 if left is None else max(0.0, min(0.1, left)))
         _stop(proc, run)  # torchrun has exited, or time is up: whatever of the run still runs must go
         lines.drain(KILL_GRACE_S)
-    except BaseException:  # KeyboardInterrupt (kernel interrupt), SystemExit (a signal handler)
+    except KeyboardInterrupt:  # the stop button: one line for the learner, once every rank is gone
+        _stop(proc, run)
+        raise TorchrunInterrupted(run.nproc, time.perf_counter() - start, run.texts()) from None
+    except BaseException:  # SystemExit (a signal handler), an error in the launcher itself
         _stop(proc, run)
         raise
     finally:

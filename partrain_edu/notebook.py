@@ -1,16 +1,17 @@
-"""The `%%torchrun` cell magic, and how launcher output looks in a notebook: live while the ranks run, tidy and
-repeatable when they finish.
+"""The `%%torchrun` and `%dist` / `%%dist` magics, and how rank output looks in a notebook: live while the ranks
+run, tidy and repeatable when they finish.
 
     %%torchrun -n N [--timeout S|none] [--backend auto|gloo|nccl] [--rank R] [-- script args]
+    %dist start -n N [--backend auto|gloo|nccl] [--timeout S|none]      (also: restart, stop, status)
+    %%dist [--rank R] [--timeout S|none]
 
-runs the cell with `partrain_edu.launch.torchrun` and puts what rank 0 `runtime.publish`ed into the notebook's
-variables. A bad option line is one line of error, never argparse's exit or a traceback.
+`%%torchrun` runs the cell on fresh ranks (`partrain_edu.launch.torchrun`); `%%dist` runs it on the warm ranks
+that `%dist start` left running (`partrain_edu.warm.Pool`: variables survive from cell to cell). Both put what
+rank 0 `runtime.publish`ed into the notebook's variables. A bad option line is one line of error.
 
-Ranks print concurrently, so the order of their lines changes from run to run. While the cell runs, the lines
-appear live in a display area in arrival order (you see the ranks racing). When it finishes, that area is
-emptied and the same lines are printed once more grouped by rank — the saved notebook then reads the same on
-every run, which is what lets CI compare outputs (nbval) and learners diff their runs.
-Outside a notebook kernel (a terminal, pytest) lines are simply printed as they arrive.
+Ranks print concurrently, so the order of their lines changes from run to run. While the cell runs, they appear
+live in arrival order; when it finishes, they are printed once more grouped by rank, so the saved notebook reads
+the same on every run (nbval compares it in CI). Outside a kernel, lines are printed as they arrive.
 """
 from __future__ import annotations
 
@@ -30,8 +31,12 @@ class MagicUsageError(ValueError):
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, prog: str = "%%torchrun", usage_line: str = USAGE):
+        super().__init__(prog=prog, add_help=False)
+        self.usage_line = usage_line
+
     def error(self, message: str):  # argparse would print the usage block and raise SystemExit
-        raise MagicUsageError(f"%%torchrun: {message}; usage: {USAGE}")
+        raise MagicUsageError(f"{self.prog}: {message}; usage: {self.usage_line}")
 
 
 def seconds(text: str) -> float | None:  # named for argparse's "invalid seconds value: 'abc'"
@@ -40,7 +45,7 @@ def seconds(text: str) -> float | None:  # named for argparse's "invalid seconds
 
 def parse_magic_line(line: str) -> tuple[argparse.Namespace, list[str]]:
     """The options of a `%%torchrun` line, and the arguments after `--` for the script."""
-    parser = _Parser(prog="%%torchrun", add_help=False)
+    parser = _Parser()
     parser.add_argument("-n", "--nproc", type=int, default=2)
     parser.add_argument("--timeout", type=seconds, default=argparse.SUPPRESS)
     parser.add_argument("--backend", choices=["auto", "gloo", "nccl"], default=None)
@@ -55,7 +60,8 @@ def parse_magic_line(line: str) -> tuple[argparse.Namespace, list[str]]:
 
 def run_cell_magic(line: str, cell: str, user_ns: dict[str, Any]):
     """`%%torchrun ...`: run `cell` on the ranks, show their output, publish rank 0's values into `user_ns`."""
-    from partrain_edu.launch import DEFAULT_RUN_TIMEOUT_S, TorchrunError, check_arguments, check_timeout, torchrun
+    from partrain_edu.launch import (DEFAULT_RUN_TIMEOUT_S, TorchrunError, TorchrunInterrupted, check_arguments,
+                                     check_timeout, torchrun)
 
     options, script_args = parse_magic_line(line)
     try:
@@ -67,7 +73,7 @@ def run_cell_magic(line: str, cell: str, user_ns: dict[str, Any]):
     try:
         result = torchrun(cell, nproc=options.nproc, timeout=timeout, args=script_args,
                           backend=options.backend, show_rank=options.rank, echo=live.line)
-    except TorchrunError as error:
+    except (TorchrunError, TorchrunInterrupted) as error:   # the live area becomes the ranks' grouped output
         live.finish(error.outputs)
         raise
     live.finish(result.outputs)
@@ -75,11 +81,122 @@ def run_cell_magic(line: str, cell: str, user_ns: dict[str, Any]):
     return result
 
 
+DIST_USAGE = "%dist start|restart [-n N] [--backend auto|gloo|nccl] [--timeout S|none] | %dist stop | %dist status"
+DIST_CELL_USAGE = "%%dist [--rank R] [--timeout S|none]"
+_pool = None  # this kernel's warm ranks (`partrain_edu.warm.Pool`), if `%dist start` ever ran
+
+
+def run_dist_magic(line: str, cell: str | None, user_ns: dict[str, Any]):
+    """`%dist start|restart|stop|status ...` (cell None), or a `%%dist ...` cell run on the warm ranks."""
+    if cell is None:
+        return _dist_command(line)
+    from partrain_edu.warm import DistError, DistInterrupted
+
+    parser = _Parser("%%dist", DIST_CELL_USAGE)
+    parser.add_argument("--rank", type=int, default=None)
+    parser.add_argument("--timeout", type=seconds, default=argparse.SUPPRESS)
+    options = parser.parse_args(_words(line, "%%dist", DIST_CELL_USAGE))
+    timeout = getattr(options, "timeout", "pool")  # "pool": the limit given to `%dist start`
+    if _pool is None or not _pool.up:
+        raise MagicUsageError("%%dist: no warm ranks are running; start them with `%dist start -n N`"
+                              + ("" if _pool is None else " or `%dist restart`"))
+    try:
+        if timeout != "pool":
+            timeout = _checked_timeout(timeout)
+        if options.rank is not None and not 0 <= options.rank < _pool.nproc:
+            raise ValueError(f"--rank {options.rank} does not exist with {_pool.nproc} ranks; "
+                             f"pick 0..{_pool.nproc - 1}")
+    except ValueError as error:
+        raise MagicUsageError(f"%%dist: {error}") from None
+    live = LiveOutput(show_rank=options.rank)
+    try:
+        result = _pool.run(cell, rank=options.rank, timeout=timeout, echo=live.line)
+    except (DistError, DistInterrupted) as error:
+        live.finish(error.outputs)
+        raise
+    live.finish(result.outputs)
+    user_ns.update(result.published)
+    return result
+
+
+def _dist_command(line: str):
+    global _pool
+    from partrain_edu.launch import DEFAULT_RUN_TIMEOUT_S, check_arguments
+    from partrain_edu.warm import DistError, Pool
+
+    parser = _Parser("%dist", DIST_USAGE)
+    parser.add_argument("command", choices=["start", "restart", "stop", "status"])
+    parser.add_argument("-n", "--nproc", type=int, default=None)
+    parser.add_argument("--backend", choices=["auto", "gloo", "nccl"], default=None)
+    parser.add_argument("--timeout", type=seconds, default=argparse.SUPPRESS)
+    options = parser.parse_args(_words(line, "%dist", DIST_USAGE))
+    if options.command in ("stop", "status") and (options.nproc or options.backend or "timeout" in options):
+        raise MagicUsageError(f"%dist {options.command} takes no options; usage: {DIST_USAGE}")
+    if options.command == "status":
+        print(_status_line())
+        return None
+    if options.command == "stop":
+        print("warm ranks stopped" if _pool is not None and _pool.up else "no warm ranks were running")
+        if _pool is not None:
+            _pool.stop()
+        return None
+    if options.command == "start" and _pool is not None and _pool.up:
+        raise MagicUsageError(f"%dist: {_pool.nproc} warm ranks are already running; `%dist restart` "
+                              "replaces them (their variables are lost), `%dist stop` ends them")
+    previous = _pool  # `%dist restart` keeps the options it is not given
+    nproc = options.nproc or (previous.nproc if previous else 2)
+    backend = options.backend or (previous.requested_backend if previous else None)
+    timeout = getattr(options, "timeout", previous.timeout if previous else DEFAULT_RUN_TIMEOUT_S)
+    try:
+        check_arguments(nproc, _checked_timeout(timeout), None)
+    except ValueError as error:
+        raise MagicUsageError(f"%dist: {error}") from None
+    if previous is not None:
+        previous.stop()
+    _pool, live = None, LiveOutput()
+    try:
+        _pool = Pool(nproc, backend=backend, timeout=timeout, echo=live.line)
+    except DistError as error:
+        live.finish(error.outputs)
+        raise
+    live.finish(_pool.start_outputs)
+    print(f"{nproc} warm ranks ready ({_pool.backend}). Every `%%dist` cell runs on them, variables kept; each "
+          "starts with torch, dist, runtime, ctx, rank and world_size defined.")
+    return _pool
+
+
+def _status_line() -> str:
+    if _pool is None:
+        return "no warm ranks: `%dist start -n N` starts them"
+    state = _pool.status()
+    if not state["up"]:
+        return f"the warm ranks are down ({state['cells_run']} cells had run): `%dist restart` starts fresh ones"
+    return (f"{state['ranks']} warm ranks ({state['backend']}), pids {state['pids']}, {state['cells_run']} cells run, "
+            f"up {state['uptime_s']:g} s")
+
+
+def _checked_timeout(timeout: float | None) -> float | None:
+    from partrain_edu.launch import check_timeout
+
+    return check_timeout(timeout, "--timeout", none="none")
+
+
+def _words(line: str, prog: str, usage: str) -> list[str]:
+    try:
+        return shlex.split(line)
+    except ValueError as error:  # an unclosed quote
+        raise MagicUsageError(f"{prog}: {error} in {line!r}; usage: {usage}") from None
+
+
 def load_ipython_extension(ipython) -> None:
     def torchrun_magic(line: str, cell: str) -> None:
         run_cell_magic(line, cell, ipython.user_ns)
 
+    def dist_magic(line: str, cell: str | None = None) -> None:
+        run_dist_magic(line, cell, ipython.user_ns)
+
     ipython.register_magic_function(torchrun_magic, magic_kind="cell", magic_name="torchrun")
+    ipython.register_magic_function(dist_magic, magic_kind="line_cell", magic_name="dist")
 
 
 def _in_kernel() -> bool:

@@ -1,7 +1,10 @@
 """The launcher on a shared classroom server: whatever the ranks do, `torchrun()` returns, names the right rank, and
 leaves nothing running — not even when its own caller is killed. One launch per idea; every case has a deadline."""
+import _thread
+import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,19 +14,21 @@ import time
 import pytest
 
 from partrain_edu import _procs
-from partrain_edu.launch import TorchrunError, call_with_timeout, torchrun
+from partrain_edu._diagnose import explain_mismatch, failure
+from partrain_edu.launch import TorchrunError, TorchrunInterrupted, _Run, call_with_timeout, torchrun
 from partrain_edu.notebook import MagicUsageError, parse_magic_line, run_cell_magic
 from test_launch import leftovers, new_marker
 
 HEADER = "import os, signal, subprocess, sys, time\nfrom partrain_edu import runtime\nctx = runtime.init()\n"
 
 
-def launch(body: str, timeout: float = 60, **kwargs):
+def launch(body: str, timeout: float = 60, env_extra: dict[str, str] | None = None, **kwargs):
     """Run HEADER + body on 2 ranks; return (result or TorchrunError, seconds, leftover pids)."""
     marker, env = new_marker()
     start = time.perf_counter()
     try:
-        outcome = torchrun(HEADER + textwrap.dedent(body), nproc=2, timeout=timeout, echo=None, env=env, **kwargs)
+        outcome = torchrun(HEADER + textwrap.dedent(body), nproc=2, timeout=timeout, echo=None,
+                           env={**env, **(env_extra or {})}, **kwargs)
     except TorchrunError as error:
         outcome = error
     return outcome, time.perf_counter() - start, leftovers(marker)
@@ -112,9 +117,108 @@ def test_a_rank_that_skips_a_collective_and_finishes_is_named():
             dist.all_reduce(torch.ones(1))
     """)
     assert isinstance(error, TorchrunError) and error.rank == 1
-    assert str(error).startswith("rank 1 finished while rank(s) [0] still waited for it in a collective")
+    # "finished" when rank 1 wrote its .done before torchrun stopped it, else the same story from the evidence
+    assert re.match(r"rank 1 (finished|stopped taking part, without an error,) while rank\(s\) \[0\] still waited "
+                    "for it in a collective", str(error)), str(error)
     assert "same collective calls in the same order" in str(error) and "rank 0 was waiting here" in str(error)
+    assert str(error).count("Connection closed by peer") == 1 and 0 not in error.outputs  # its traceback once
     assert elapsed < 40 and left == []  # Gloo notices at once; a 45 s collective timeout would be the slow way
+
+
+def test_a_peer_that_left_without_a_trace_is_named_not_the_rank_it_left_waiting(tmp_path):
+    """The race behind the test above: rank 1 finished its script, rank 0's collective failed, and torchrun
+    stopped rank 1 before it wrote its .done. Every error blames a vanished peer: the peer is the cause."""
+    run = _Run(2, tmp_path, lambda rank, text: None, None)
+    for rank in (0, 1):
+        (tmp_path / f"rank{rank}.pid").write_text("1")
+    (tmp_path / "rank0.error").write_text(json.dumps({"rank": 0, "time": 1.0, "timed_out": False, "traceback":
+                                                      "RuntimeError: Connection closed by peer [127.0.0.1]:1\n"}))
+    run.launcher += ["  rank      : 1 (local_rank: 1)", "  exitcode  : -15 (pid: 9)  (SIGTERM)"]
+    error = failure(run, 1)
+    assert error.rank == 1 and str(error).startswith("rank 1 stopped taking part, without an error, while rank(s) "
+                                                     "[0] still waited for it in a collective")
+
+
+def test_mismatched_sizes_in_an_all_reduce_are_explained_with_the_sizes():
+    # Gloo aborts the rank that receives more than it expected (SIGABRT) and prints one line on its stderr
+    error, elapsed, left = launch("""
+        import torch, torch.distributed as dist
+        dist.all_reduce(torch.ones(3 if ctx.rank == 0 else 5))
+    """)
+    assert isinstance(error, TorchrunError) and error.rank in (0, 1)
+    assert "collective mismatch" in str(error), str(error)
+    assert re.search(r"received \d+ bytes where its own call expected \d+", str(error)), str(error)
+    assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in str(error)  # how to see the shapes
+    assert elapsed < 40 and left == []
+
+
+def test_with_detail_set_by_the_caller_the_mismatch_names_each_ranks_shape():
+    # The launcher leaves a caller's TORCH_DISTRIBUTED_DEBUG alone; DETAIL checks every collective's fingerprint
+    error, _, left = launch("""
+        import torch, torch.distributed as dist
+        dist.all_reduce(torch.ones(3 if ctx.rank == 0 else 5))
+    """, env_extra={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    assert isinstance(error, TorchrunError), error
+    text = str(error)
+    assert "collective mismatch: rank" in text, text
+    assert "all_reduce float32[3]" in text and "all_reduce float32[5]" in text, text
+    assert "TensorDeviceTypes" not in text and left == []  # the fingerprint's noise is left out
+
+
+def test_a_failing_ranks_traceback_is_shown_once():
+    error, _, left = launch("""
+        if ctx.rank == 1:
+            print("before the error")
+            raise ValueError("the wrong shape")
+    """)
+    assert isinstance(error, TorchrunError) and error.rank == 1
+    assert str(error).count("ValueError: the wrong shape") == 1
+    assert error.outputs.get(1) == "before the error\n"  # what a notebook reprints above the error
+    assert "ValueError" in error.rank_traceback and left == []
+
+
+@pytest.mark.parametrize("text, words", [
+    ("RuntimeError: Detected mismatch between collectives on ranks. Rank 1 is running collective: "
+     "CollectiveFingerPrint(SequenceNumber=2, OpType=BROADCAST, TensorShape=[4], TensorDtypes=Double, "
+     "TensorDeviceTypes=TensorOptions(dtype=float (default), memory_format=(nullopt))), but Rank 0 is running "
+     "collective: CollectiveFingerPrint(SequenceNumber=2, OpType=ALLREDUCE, TensorShape=[2, 3], TensorDtypes=Float, "
+     "TensorDeviceTypes=TensorOptions(dtype=float (default))).Collectives differ in the following aspects: ",
+     "collective mismatch: rank 1 broadcast float64[4], rank 0 all_reduce float32[2, 3] (collective #2"),
+    ("CollectiveFingerPrint(SequenceNumber=0, OpType=ALLREDUCE, TensorShape=[4], TensorDtypes=Float), but Rank 1 "
+     "is running collective: CollectiveFingerPrint(SequenceNumber=0OpType=REDUCE).", None),  # no "Rank 0 is" prefix
+    ("Rank 0 is running collective: CollectiveFingerPrint(SequenceNumber=0, OpType=ALLREDUCE, TensorShape=[4], "
+     "TensorDtypes=Float), but Rank 1 is running collective: CollectiveFingerPrint(SequenceNumber=0OpType=REDUCE).",
+     "collective mismatch: rank 0 all_reduce float32[4], rank 1 barrier"),
+    ("what():  [enforce fail at gloo/transport/tcp/pair.cc:456] op.preamble.length <= op.nbytes. 3000 vs 1000. "
+     "Received data size doesn't match expected size. Is there a distributed collective mismatch in your code?",
+     "collective mismatch: a rank received 3000 bytes where its own call expected 1000"),
+    ("RuntimeError: [Rank 0]: Ranks 1, 3 failed to pass monitoredBarrier in 30000 ms",
+     "collective mismatch: rank(s) 1,3 never reached this collective"),
+    ("RuntimeError: Connection closed by peer [127.0.0.1]:18867", None),
+    ("ValueError: the shapes do not match", None),
+])
+def test_explain_mismatch_reads_every_backend_wording(text, words):
+    explained = explain_mismatch(text)
+    assert (explained is None) if words is None else explained.startswith(words), explained
+
+
+def test_the_stop_button_stops_every_rank_and_says_so_in_one_line():
+    marker, env = new_marker()
+    seen = []
+
+    def press_stop_once_both_ranks_run(rank, text):
+        seen.append(rank)
+        if len(seen) == 2:
+            _thread.interrupt_main()  # what the notebook's stop button does: KeyboardInterrupt in the main thread
+
+    code = HEADER + "print('running', flush=True)\ntime.sleep(600)\n"
+    with pytest.raises(KeyboardInterrupt) as info:  # still a KeyboardInterrupt: whatever stops on one stops
+        torchrun(code, nproc=2, timeout=None, echo=press_stop_once_both_ranks_run, env=env)
+    rendered = info.value._render_traceback_()  # what IPython shows instead of the launcher's stack
+    assert isinstance(info.value, TorchrunInterrupted) and len(rendered) == 1 and "\n" not in rendered[0]
+    assert re.fullmatch(r"KeyboardInterrupt: interrupted: every rank was stopped \(2 ranks, \d+\.\d s\)",
+                        rendered[0]), rendered
+    assert info.value.outputs == {0: "running\n", 1: "running\n"} and leftovers(marker) == []
 
 
 LISTENING = """

@@ -1,4 +1,5 @@
 """The set-up files agree with each other, and `make lab` really serves JupyterLab."""
+import json
 import os
 import signal
 import socket
@@ -30,11 +31,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_make_lab_serves_jupyterlab_on_the_start_notebook():
+def test_make_lab_serves_the_learners_workspace_on_the_start_notebook(tmp_path):
     port, token = free_port(), uuid.uuid4().hex
     flags = f"--no-browser --ip=127.0.0.1 --port={port} --IdentityProvider.token={token} --ServerApp.open_browser=False"
-    lab = subprocess.Popen(["make", "--no-print-directory", "lab", f"LAB_FLAGS={flags}"], cwd=REPO,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    workspace = tmp_path / "workspace"  # not the clone's own workspace/: a test must not create a learner's files
+    lab = subprocess.Popen(["make", "--no-print-directory", "lab", f"LAB_FLAGS={flags}", f"WORKSPACE={workspace}"],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline, body, status = time.time() + 120, "", None
         while time.time() < deadline and status != 200:
@@ -50,6 +52,11 @@ def test_make_lab_serves_jupyterlab_on_the_start_notebook():
         api = f"http://127.0.0.1:{port}/api/contents/notebooks/00_start_here.ipynb?token={token}&content=0"
         with urllib.request.urlopen(api, timeout=10) as response:
             assert b'"type": "notebook"' in response.read().replace(b'"type":"notebook"', b'"type": "notebook"')
+        assert (workspace / "notebooks" / "00_start_here.ipynb").is_file()  # served from the copy, not the clone
+        settings = f"http://127.0.0.1:{port}/lab/api/settings/@jupyterlab/apputils-extension:notification?token={token}"
+        with urllib.request.urlopen(settings, timeout=10) as response:
+            defaults = {k: v.get("default") for k, v in json.loads(response.read())["schema"]["properties"].items()}
+        assert defaults["fetchNews"] == "false" and defaults["checkForUpdates"] is False  # no news pop-up
     finally:
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:

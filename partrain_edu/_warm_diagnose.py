@@ -1,0 +1,147 @@
+"""What happened in one warm cell (`partrain_edu.warm`), and when it went wrong, the one error that says so.
+
+A cell's bookkeeping (`Cell`): which ranks run it, what each printed, which answered "done" (with their error, if
+any) and which wrote the end mark that closes their output. The errors name the rank that caused the failure and
+show its traceback once; they say whether the pool survived, and if not, that `%dist restart` starts fresh ranks.
+Wording follows `partrain_edu._diagnose`, which tells the same stories for one-shot launches.
+"""
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from typing import Callable
+
+from partrain_edu._diagnose import CONSEQUENCES, MISMATCH_HINT, TorchrunError, explain_mismatch
+
+MARK_WAIT_S = 2.0  # a rank said "done": how long its end mark may take to come through its labelling process
+RESTART = "`%dist restart` (or `pool.restart()`) starts fresh ranks; their variables are lost."
+
+
+class DistError(TorchrunError):
+    """A warm cell failed; `rank` caused it. `pool_stopped`: the ranks are gone and the pool must be restarted."""
+
+    def __init__(self, message: str, rank: int | None, outputs: dict[int, str], rank_traceback: str = "",
+                 timed_out: bool = False, pool_stopped: bool = False):
+        super().__init__(message, rank, rank_traceback, outputs, timed_out)
+        self.pool_stopped = pool_stopped
+
+    def _render_traceback_(self) -> list[str]:  # IPython shows this, not the kernel-side stack
+        return [f"DistError: {self}"]
+
+
+class DistInterrupted(KeyboardInterrupt):
+    """The stop button, during a warm cell: one line in the notebook, never the kernel's traceback."""
+
+    def __init__(self, message: str, outputs: dict[int, str], pool_stopped: bool):
+        super().__init__(message)
+        self.outputs, self.pool_stopped = outputs, pool_stopped
+
+    def _render_traceback_(self) -> list[str]:  # as launch's TorchrunInterrupted says it
+        return [f"KeyboardInterrupt: interrupted: {self}"]
+
+
+@dataclass
+class Cell:
+    """One cell in flight. `done[rank]` is that rank's answer: {} or its error report (see `_warm_rank.describe`)."""
+
+    number: int
+    ranks: list[int]
+    mark: str
+    echo: Callable[[int | None, str], None]
+    outputs: dict[int, list[str]] = field(default_factory=dict)
+    done: dict[int, dict] = field(default_factory=dict)
+    done_at: dict[int, float] = field(default_factory=dict)
+    marked: set[int] = field(default_factory=set)
+
+    def show(self, rank: int, text: str) -> None:
+        self.outputs.setdefault(rank, []).append(text)
+        self.echo(rank, text)
+
+    def texts(self) -> dict[int, str]:
+        return {r: "\n".join(lines) + "\n" for r, lines in sorted(self.outputs.items()) if lines}
+
+    def running(self) -> list[int]:
+        return [r for r in self.ranks if r not in self.done]
+
+    def finished(self, now: float) -> bool:
+        return not self.running() and all(r in self.marked or now - self.done_at[r] > MARK_WAIT_S
+                                          for r in self.ranks)
+
+    def errors(self) -> list[dict]:
+        return [report for report in self.done.values() if report.get("error")]
+
+
+def raised(cell: Cell, stopped_because: str = "") -> DistError:
+    """The rank whose exception caused the failure. A rank that only lost its peer is never the cause, and a
+    backend's mismatch report (told in plain words first) is the best story there is."""
+    reports = sorted(cell.errors(), key=lambda e: (any(w in e["error"] for w in CONSEQUENCES),
+                                                   not e.get("mismatch"), e["time"]))
+    first, others = reports[0], sorted(e["rank"] for e in reports[1:])
+    also = f" (then rank(s) {others} failed too)" if others else ""
+    mismatch = f"{first['mismatch']}\n" if first.get("mismatch") else ""
+    message = f"rank {first['rank']} failed{also}:\n{mismatch}{first['error'].rstrip()}"
+    if stopped_because:
+        message += f"\n{stopped_because}"
+    return DistError(message, first["rank"], cell.texts(), first["error"], first["timed_out"], bool(stopped_because))
+
+
+def stuck_after_raise(cell: Cell, grace_s: float) -> DistError:
+    cause = raised(cell).rank
+    return raised(cell, f"rank(s) {cell.running()} were still running {grace_s:g} s later, most likely waiting for "
+                        f"rank {cause} in a collective, so the pool was stopped. {RESTART}")
+
+
+def stuck_after_interrupt(cell: Cell, grace_s: float) -> DistInterrupted:
+    return DistInterrupted(f"rank(s) {cell.running()} did not stop within {grace_s:g} s (stuck in a collective?), "
+                           f"so the pool was stopped. {RESTART}", cell.texts(), pool_stopped=True)
+
+
+def interrupted(cell: Cell) -> DistInterrupted:
+    return DistInterrupted("every rank stopped its cell; the ranks and their variables are kept", cell.texts(),
+                           pool_stopped=False)
+
+
+def timed_out(cell: Cell, timeout: float) -> DistError:
+    stuck, finished = cell.running(), sorted(cell.done)
+    if finished:
+        why = f"rank(s) {stuck} were still in the cell, rank(s) {finished} had finished it. {MISMATCH_HINT}"
+    else:
+        why = (f"Ranks still running: {stuck}. A rank stuck in a loop, or waiting in a collective the others never "
+               "reach, is the usual cause.")
+    return DistError(f"timed out after {timeout:g} s: {why} If the cell is just slow, raise the limit: "
+                     "`%%dist --timeout N` or `pool.run(..., timeout=N)` (none / None: no limit). The pool was "
+                     f"stopped, every rank killed: {RESTART}", finished[0] if finished else None, cell.texts(),
+                     timed_out=True, pool_stopped=True)
+
+
+def died(cell: Cell, exit_codes: dict[int, int], lost: list[int | None], torchrun_code: int | None) -> DistError:
+    """A rank's process, or torchrun, ended in the middle of a cell. `exit_codes`: torchrun's report; `lost`: the
+    ranks whose connection closed, in that order (torchrun stops the others after the first)."""
+    # As in _diagnose.failure: a rank killed by a signal is the cause; SIGTERM is torchrun stopping the rest.
+    killed = sorted(r for r, c in exit_codes.items() if c < 0 and c != -signal.SIGTERM)
+    gone = [r for r in lost if r is not None]
+    rank = killed[0] if killed else gone[0] if gone else min(exit_codes, default=None)
+    if rank is None:  # every rank was alive: torchrun itself went (killed from outside)
+        return DistError(f"torchrun, which watches the ranks, ended ({_exit(torchrun_code)}); the ranks were stopped. "
+                         f"{RESTART}", None, cell.texts(), pool_stopped=True)
+    code = exit_codes.get(rank)
+    if code is not None and code < 0:
+        how = f"was killed by {_exit(code)} before raising a Python error"
+    else:
+        how = "ended its process (os._exit?) before finishing the cell" + (f", exit code {code}" if code else "")
+    last = cell.outputs.get(rank, [])[-5:]
+    tail = ("\nits last lines:\n" + "\n".join(last)) if last else ""
+    # Gloo aborts a rank that receives more bytes than its own call expects, after printing why.
+    mismatch = explain_mismatch("\n".join(cell.outputs.get(rank, [])))
+    why = f"\n{mismatch}" if mismatch else ""
+    return DistError(f"rank {rank} {how}; the other ranks were stopped. {RESTART}{why}{tail}", rank, cell.texts(),
+                     pool_stopped=True)
+
+
+def _exit(code: int | None) -> str:
+    """"signal SIGKILL", "exit code 3" or "still running" for a process's return code."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        return f"signal {signal.Signals(-code).name if -code in signal.valid_signals() else -code}"
+    return f"exit code {code}"

@@ -1,0 +1,164 @@
+"""The kernel's end of a warm pool (`partrain_edu.warm`): the torchrun process, and everything that comes from it.
+
+One poll loop reads both channels: torchrun's merged output (every rank's `[rank k]` lines, torchrun's logging)
+and each rank's control socket (hello, done). A rank's line goes to the cell in flight until that rank's end mark,
+and to its next cell after; so no line of one cell ever shows up in another. torchrun is started from a thread that
+lives as long as it: the agent dies with the thread that started it (PR_SET_PDEATHSIG, see `partrain_edu._agent`),
+and a pool may outlive the thread that created it.
+"""
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+
+from partrain_edu import _procs, _warm_rank
+from partrain_edu._warm_diagnose import Cell
+from partrain_edu.launch import KILL_GRACE_S, RANK_LINE, _Lines
+
+MARK_PREFIX = "#partrain-cell-end-"
+
+
+@dataclass
+class _Conn:
+    sock: socket.socket
+    rank: int | None = None  # known once the rank has said hello
+    buffer: bytes = b""
+
+
+class Link:
+    def __init__(self, command: list[str], env: dict[str, str], listener: socket.socket):
+        self.listener, self.run_id = listener, env[_procs.RUN_ENV]
+        self.cell: Cell | None = None  # the cell in flight
+        self.launcher: list[str] = []  # torchrun's own lines, for the error messages
+        self.pending: dict[int, list[str]] = {}  # what a rank wrote after its last cell's end mark
+        self.conns: dict[int, _Conn] = {}  # by file descriptor
+        self.socks: dict[int, socket.socket] = {}  # by rank
+        self.pids: dict[int, _procs.Proc] = {}
+        self.lost: list[int | None] = []  # ranks whose socket closed (their process ended), in that order
+        self.poller = select.poll()
+        self.poller.register(listener.fileno(), select.POLLIN)
+        self.proc = _spawn(command, env)
+        self.lines = _Lines(self.proc.stdout.fileno(), self._take)
+        self.poller.register(self.proc.stdout.fileno(), select.POLLIN)
+
+    def alive(self) -> bool:
+        return not self.lost and self.proc.poll() is None
+
+    def send(self, rank: int, message: dict) -> None:
+        _warm_rank.send(self.socks[rank], message)
+
+    def signal(self, ranks: list[int], sig: int) -> None:
+        _procs.signal_each([self.pids[r] for r in ranks if r in self.pids], sig)
+
+    def pump(self, wait_s: float) -> None:
+        """Route what arrives within `wait_s` seconds."""
+        for fd, _ in self.poller.poll(wait_s * 1000):
+            if fd == self.proc.stdout.fileno():
+                self.lines.read(0)
+                if self.lines.eof:
+                    self.poller.unregister(fd)
+            elif self.listener is not None and fd == self.listener.fileno():
+                sock = self.listener.accept()[0]
+                self.conns[sock.fileno()] = _Conn(sock)
+                self.poller.register(sock.fileno(), select.POLLIN)
+            elif (conn := self.conns.get(fd)) is not None:
+                self._receive(fd, conn)
+
+    def stop_listening(self) -> None:
+        """Every rank is connected: nobody else may."""
+        self.poller.unregister(self.listener.fileno())
+        self.listener.close()
+        self.listener = None
+
+    def _receive(self, fd: int, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(1 << 16)
+        except OSError:
+            data = b""
+        if not data:  # the rank's process ended: only its exit closes the socket
+            self.poller.unregister(fd)
+            conn.sock.close()
+            del self.conns[fd]
+            self.lost.append(conn.rank)
+            return
+        messages, conn.buffer = _warm_rank.split_frames(conn.buffer + data)
+        for message in messages:
+            if message["op"] == "hello":
+                conn.rank = message["rank"]
+                self.socks[conn.rank] = conn.sock
+                self.pids[conn.rank] = _procs.read(message["pid"]) or _procs.Proc(message["pid"], 0, 0, 0)
+            elif message["op"] == "done" and self.cell is not None and message["cell"] == self.cell.number:
+                self.cell.done[conn.rank] = {**message, "rank": conn.rank}
+                self.cell.done_at[conn.rank] = time.monotonic()
+
+    def _take(self, line: str) -> None:
+        match = RANK_LINE.match(line)
+        if match is None:
+            self.launcher = self.launcher[-200:] + [line]
+            return
+        rank, text, cell = int(match.group(1)), match.group(2), self.cell
+        if cell is not None and text == cell.mark:
+            cell.marked.add(rank)
+        elif text.startswith(MARK_PREFIX):
+            pass  # the end mark of a cell that ended without waiting for it
+        elif cell is not None and rank in cell.ranks and rank not in cell.marked:
+            cell.show(rank, text)
+        else:
+            self.pending.setdefault(rank, []).append(text)
+
+    def hang_up(self, wait_s: float) -> None:
+        """Tell every rank to stop (each rank's loop ends there and the rank exits cleanly); wait up to `wait_s` for
+        torchrun to see them all finish. A socket closed without "stop" means to a rank that the kernel died."""
+        for conn in self.conns.values():
+            with contextlib.suppress(OSError):  # that rank is gone already
+                _warm_rank.send(conn.sock, {"op": "stop"})
+            conn.sock.close()
+        self.conns.clear()
+        end = time.monotonic() + wait_s
+        while self.proc.poll() is None and time.monotonic() < end:
+            self.lines.read(0.05)  # keep the pipe flowing: a rank blocked writing its last lines never exits
+
+    def kill(self) -> None:
+        """Kill every process of the pool: torchrun, the ranks, whatever they started (found by the run's id)."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        _procs.stop(lambda: _procs.run_members(self.run_id), KILL_GRACE_S)
+        try:
+            self.proc.wait(KILL_GRACE_S)
+        except subprocess.TimeoutExpired:  # only without /proc, where the scan above finds nothing
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+        for conn in self.conns.values():
+            conn.sock.close()
+        self.conns.clear()
+        if self.listener is not None:
+            self.listener.close()
+
+
+def _spawn(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """Start torchrun from a thread that waits for it, and so lives exactly as long as it."""
+    started: list = []
+    ready = threading.Event()
+
+    def keep() -> None:
+        try:
+            # A session of its own: the kernel's interrupt (SIGINT to its process group) is ours to pass on.
+            started.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True))
+        except BaseException as error:  # noqa: BLE001 - handed to the caller
+            started.append(error)
+        ready.set()
+        if isinstance(started[0], subprocess.Popen):
+            started[0].wait()
+
+    threading.Thread(target=keep, name="partrain-warm-torchrun", daemon=True).start()
+    ready.wait()
+    if isinstance(started[0], BaseException):
+        raise started[0]
+    return started[0]

@@ -1,0 +1,159 @@
+"""What each warm rank runs: a loop that executes cell after cell in one namespace, for `partrain_edu.warm.Pool`.
+
+    python -m partrain_edu._agent ... -m partrain_edu._warm_rank POOL_DIR      (started by partrain_edu.warm)
+
+The rank connects to the pool's Unix socket POOL_DIR/control.sock and says hello (its rank and pid). Then each
+message is a cell: its code runs with `exec` in a fresh `__main__` module, the same for every cell, so variables
+survive from cell to cell. When the cell ends, the rank flushes its output, writes the cell's end mark as a line of
+its own (the kernel cuts the output stream there: no line leaks into the next cell) and answers "done", with the
+learner's traceback (trimmed as in `partrain_edu._rank`) if the cell raised. Messages: JSON after a 4-byte length.
+
+Output labelling, the watchdog that kills the pool when the kernel dies, and the clean-up at exit are
+`partrain_edu._rank`'s. SIGINT (the notebook's stop button) raises KeyboardInterrupt only inside a cell.
+"""
+from __future__ import annotations
+
+import builtins
+import contextlib
+import gc
+import json
+import linecache
+import os
+import shutil
+import signal
+import socket
+import struct
+import sys
+import time
+import types
+
+from partrain_edu import _rank
+from partrain_edu._diagnose import explain_mismatch
+
+SOCKET_NAME = "control.sock"
+_LENGTH = struct.Struct("!I")
+
+
+def send(sock: socket.socket, message: dict) -> None:
+    data = json.dumps(message).encode()
+    sock.sendall(_LENGTH.pack(len(data)) + data)
+
+
+def split_frames(buffer: bytes) -> tuple[list[dict], bytes]:
+    """The complete messages at the start of `buffer`, and the bytes of the next, incomplete one."""
+    messages = []
+    while len(buffer) >= _LENGTH.size:
+        (size,) = _LENGTH.unpack_from(buffer)
+        if len(buffer) < _LENGTH.size + size:
+            break
+        messages.append(json.loads(buffer[_LENGTH.size:_LENGTH.size + size]))
+        buffer = buffer[_LENGTH.size + size:]
+    return messages, buffer
+
+
+def receive(sock: socket.socket) -> dict | None:
+    """The next message on a blocking socket, or None once the other end has closed it."""
+    header = _read_exactly(sock, _LENGTH.size)
+    if header is None:
+        return None
+    body = _read_exactly(sock, _LENGTH.unpack(header)[0])
+    return None if body is None else json.loads(body)
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes | None:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+class _Cell:
+    """Whether a cell is running: the stop button interrupts a cell, never the loop that waits between cells."""
+
+    running = False
+
+
+def _on_sigint(signum: int, frame) -> None:
+    if _Cell.running:
+        raise KeyboardInterrupt
+
+
+def main(argv: list[str]) -> int:
+    pool_dir = argv[0]
+    rank = int(os.environ.get("RANK", 0))
+    labeller = _rank._start_labeller(rank)  # first: it forks, and no thread may exist yet
+    _rank._watch_launcher(pool_dir)
+    signal.signal(signal.SIGINT, _on_sigint)
+    # The cells' module is __main__, as a script's is: a class defined in a cell can be pickled (torch.save).
+    main_module = types.ModuleType("__main__")
+    main_module.__builtins__ = builtins
+    sys.modules["__main__"], namespace = main_module, main_module.__dict__
+    sock, kernel_died = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), True
+    try:
+        sock.connect(os.path.join(pool_dir, SOCKET_NAME))
+        send(sock, {"op": "hello", "rank": rank, "pid": os.getpid()})
+        while (message := receive(sock)) is not None:
+            if message["op"] == "stop":
+                kernel_died = False
+                break
+            try:
+                report = run_cell(message["code"], message["cell"], namespace)
+            except KeyboardInterrupt:  # it landed between the cell's end and the flag's reset
+                report = describe(KeyboardInterrupt())
+            # The end mark goes down the same pipe as the cell's output, after it: the kernel cuts the stream here.
+            os.write(1, f"{message['mark']}\n".encode())
+            send(sock, {"op": "done", "cell": message["cell"], **report})
+    except OSError:  # the kernel went away mid-message
+        pass
+    finally:
+        sock.close()
+        if kernel_died:  # its socket closed without a "stop": this rank ends before its watchdog can notice, so
+            shutil.rmtree(pool_dir, ignore_errors=True)  # it does the watchdog's first job, the kernel's folder
+        # Objects the cells left (a DDP model, a subgroup) hold the process group's threads: free them first.
+        namespace.clear()
+        gc.collect()
+        _rank._destroy_process_group()
+        _rank._finish(labeller)
+    return 0
+
+
+def run_cell(code: str, cell: int, namespace: dict) -> dict:
+    """Run one cell's code in `namespace`; {} if it finished, else what went wrong (see `describe`)."""
+    filename = f"<dist cell {cell}>"
+    # Registered like IPython's cells, so that a traceback shows the learner's line, not just its number.
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    report: dict = {}
+    try:
+        _Cell.running = True
+        exec(compile(code, filename, "exec"), namespace)
+    except SystemExit as exit_:  # sys.exit() ends the cell; like a script, a code of 0 or None is no failure
+        if exit_.code not in (0, None):
+            report = describe(exit_)
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the notebook, and the rank live on
+        report = describe(exc)
+    finally:
+        _Cell.running = False
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(ValueError, OSError):  # a cell may have closed or replaced it
+            stream.flush()
+    return report
+
+
+def describe(exc: BaseException) -> dict:
+    """The learner's traceback (once: it is not printed on the rank's output), and what kind of failure it is."""
+    from partrain_edu.runtime import TIMEOUT_HINT, is_timeout_error
+
+    text = _rank._user_traceback(exc, skip=(__file__,))
+    timed_out = is_timeout_error(exc)
+    if timed_out:
+        text += f"\n{TIMEOUT_HINT}\n"
+    return {"error": text, "timed_out": timed_out, "interrupted": isinstance(exc, KeyboardInterrupt),
+            "mismatch": explain_mismatch(text), "time": time.time()}
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1:])
+    os._exit(code)  # as in partrain_edu._rank: skip the teardown that can abort under Gloo's threads

@@ -1,0 +1,246 @@
+"""Warm ranks: N processes started once that run cell after cell, keeping their variables (`%dist`, `%%dist`).
+
+    with warm.Pool(2) as pool:                  # in a notebook:  %dist start -n 2
+        pool.run("x = rank * 10")               #                 %%dist
+        pool.run("print(x)", rank=1)            #                 %%dist --rank 1
+        pool.run("runtime.publish('y', x)")     # .published == {"y": 0}, rank 0's value; %%dist sets y
+Each rank starts under torch's torchrun as `partrain_edu.launch` starts them (loopback rendezvous, `[rank k]` output,
+watchdogs: nothing outlives the kernel) and runs `partrain_edu._warm_rank`. Its namespace starts with PRELUDE:
+`torch`, `dist`, `runtime`, `ctx = runtime.init()`, `rank`, `world_size`. The kernel sends each cell's code over a
+Unix socket in a private folder; every rank answers "done" (or its error) once it has written the cell's end mark
+into its output, where the kernel cuts the stream. A rank that raises leaves the pool usable, unless the others
+are still stuck GRACE_S later (in a collective, waiting for it). A rank that dies, a cell past its timeout, or ranks
+that ignore the stop button bring the pool down, every process killed, with an error that says `%dist restart`.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import pickle
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from partrain_edu import _procs, _warm_diagnose, _warm_rank
+from partrain_edu._diagnose import RANK_DEBUG_ENV, torchrun_exit_codes
+from partrain_edu._warm_diagnose import RESTART, Cell, DistError, DistInterrupted
+from partrain_edu._warm_link import MARK_PREFIX, Link
+from partrain_edu.launch import DEFAULT_RUN_TIMEOUT_S, TorchrunResult, _print_echo, check_arguments, check_timeout
+from partrain_edu.runtime import BACKEND_ENV, DEFAULT_TIMEOUT_S, PUBLISH_DIR_ENV, TIMEOUT_ENV
+
+__all__ = ["Pool", "DistError", "DistInterrupted", "PRELUDE"]
+PRELUDE = """\
+import torch
+import torch.distributed as dist
+from partrain_edu import runtime
+ctx = runtime.init()
+rank, world_size = ctx.rank, ctx.world_size
+runtime.publish("backend", ctx.backend)
+"""
+GRACE_S = 3.0  # after one rank raised, or after the stop button: how long the others may take to end their cell
+REPORT_WAIT_S = 5.0  # a rank died: how long torchrun may take to stop the others and report exit codes
+STOP_WAIT_S = 10.0  # `stop()`: how long the ranks may take to tear down their process group and exit
+
+
+class Pool:
+    """`nproc` warm ranks. `timeout`: each cell's default limit in seconds (None: none); see the module's doc."""
+
+    def __init__(self, nproc: int = 2, *, backend: str | None = None, timeout: float | None = DEFAULT_RUN_TIMEOUT_S,
+                 env: dict[str, str] | None = None, echo: Callable[[int | None, str], None] | None = _print_echo):
+        self.timeout = check_arguments(nproc, timeout, None)
+        self.nproc, self.requested_backend, self.env = nproc, backend, dict(env or {})
+        self.echo = echo or (lambda rank, text: None)
+        self.up, self.backend, self.cells_run, self._link = False, "", 0, None
+        self.start()
+
+    def start(self) -> None:
+        """Start the ranks and run PRELUDE on them (raises DistError, the pool stopped, if that fails)."""
+        if self.up:
+            raise RuntimeError("the warm ranks are running already; restart() replaces them")
+        self.dir = Path(tempfile.mkdtemp(prefix="partrain_warm_"))  # mode 0700: the socket is ours alone
+        if len(str(self.dir / _warm_rank.SOCKET_NAME)) > 100:  # a socket's path holds 107 bytes: a long TMPDIR
+            shutil.rmtree(self.dir)
+            self.dir = Path(tempfile.mkdtemp(prefix="partrain_warm_", dir="/tmp"))
+        (self.dir / "published").mkdir()
+        self.run_id, self.cells_run, self.started_at = uuid.uuid4().hex, 0, time.monotonic()
+        self.up, self._link, _LIVE[id(self)] = True, None, self
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(str(self.dir / _warm_rank.SOCKET_NAME))
+            listener.listen(self.nproc)
+            self._link = Link(self._command(), self._rank_env(), listener)
+            self._accept()
+            prelude = self._run(PRELUDE, None, self.timeout, self.echo)
+            self.backend, self.start_outputs = prelude.published["backend"], prelude.outputs
+        except BaseException as error:
+            listener.close()
+            self._kill()
+            if isinstance(error, DistError):
+                error.args = (f"the warm ranks could not start: {error}",)
+            raise
+
+    def _command(self) -> list[str]:
+        return [sys.executable, "-m", "partrain_edu._agent", str(os.getpid()), "--rdzv-backend=c10d",
+                "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={self.run_id}", "--nnodes=1", "--local-addr=127.0.0.1",
+                f"--nproc-per-node={self.nproc}", "-m", "partrain_edu._warm_rank", str(self.dir)]
+
+    def _rank_env(self) -> dict[str, str]:
+        """As `launch.torchrun` sets it; the debug switches of `_diagnose.RANK_DEBUG_ENV` unless the notebook's
+        environment (`%env`) or `env=` sets them."""
+        collective_s = DEFAULT_TIMEOUT_S if self.timeout is None else min(DEFAULT_TIMEOUT_S, 0.75 * self.timeout)
+        env = {**RANK_DEBUG_ENV, **os.environ, **self.env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+               PUBLISH_DIR_ENV: str(self.dir / "published"), TIMEOUT_ENV: str(collective_s),
+               _procs.RUN_ENV: self.run_id, _procs.LAUNCHER_ENV: _procs.identity(os.getpid()) or ""}
+        if os.path.exists("/sys/class/net/lo"):  # Gloo's own sockets on loopback too (single node)
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        if self.requested_backend is not None:
+            env[BACKEND_ENV] = self.requested_backend
+        return env
+
+    def _accept(self) -> None:
+        """Wait until every rank has connected and said hello."""
+        link, deadline = self._link, None if self.timeout is None else time.monotonic() + self.timeout
+        while len(link.pids) < self.nproc:
+            if not link.alive():
+                said = link.launcher[-20:] + [f"[rank {r}] {t}" for r, ts in link.pending.items() for t in ts]
+                raise DistError("torchrun ended before every rank was up; it said:\n" + "\n".join(said), None, {},
+                                pool_stopped=True)
+            if deadline is not None and time.monotonic() > deadline:
+                raise DistError(f"the ranks were not up within {self.timeout:g} s", None, {}, timed_out=True,
+                                pool_stopped=True)
+            link.pump(0.05)
+        link.stop_listening()
+
+    def run(self, code: str, rank: int | None = None, timeout: Any = "pool",
+            echo: Callable[[int | None, str], None] | None = None) -> TorchrunResult:
+        """Run `code` on every rank (or on `rank` only); `timeout` seconds (default: the pool's; None: no limit).
+        Returns a TorchrunResult with `published` from rank 0; raises DistError or DistInterrupted."""
+        if not self.up:
+            raise DistError(f"the warm ranks are not running. {RESTART}", None, {}, pool_stopped=True)
+        check_arguments(self.nproc, None, rank)
+        timeout = self.timeout if timeout == "pool" else check_timeout(timeout)
+        self.cells_run += 1
+        return self._run(code, rank, timeout, echo or self.echo)
+
+    def _run(self, code: str, rank: int | None, timeout: float | None, echo: Callable) -> TorchrunResult:
+        link = self._link
+        cell = Cell(self.cells_run, list(range(self.nproc)) if rank is None else [rank],
+                    MARK_PREFIX + uuid.uuid4().hex, echo)
+        for r in cell.ranks:  # what a rank wrote after its last cell's end mark belongs to this one
+            for text in link.pending.pop(r, []):
+                cell.show(r, text)
+        link.cell, start, ok = cell, time.monotonic(), False
+        try:
+            with _stop_button() as presses:
+                for r in cell.ranks:
+                    link.send(r, {"op": "run", "cell": cell.number, "code": code, "mark": cell.mark})
+                self._wait(cell, None if timeout is None else start + timeout, timeout, presses)
+            ok = True
+        except OSError:  # a rank's socket broke as the cell was sent: that rank has died
+            self._died(cell)
+        finally:
+            link.cell = None
+            published = {}  # rank 0's `runtime.publish` files: read after a cell that succeeded, dropped otherwise
+            for path in sorted(self.dir.glob("published/*.pkl")):
+                if ok:
+                    with open(path, "rb") as f:
+                        published[path.stem] = pickle.load(f)
+                path.unlink()
+        return TorchrunResult(0, cell.texts(), published, time.monotonic() - start)
+
+    def _wait(self, cell: Cell, deadline: float | None, timeout: float | None, presses: list[int]) -> None:
+        """Route output and answers until every rank of `cell` is done; raise when the cell failed."""
+        grace_end = interrupted = None
+        while not cell.finished(now := time.monotonic()):
+            if not self._link.alive():
+                self._died(cell)
+            if presses[0] and interrupted is None:  # the stop button: pass it on to every rank still running
+                interrupted = presses[0]
+                self._link.signal(cell.running(), signal.SIGINT)
+                grace_end = now + GRACE_S
+            if presses[0] and presses[0] != interrupted:  # pressed again: stop waiting for them
+                grace_end = now
+            if cell.errors() and grace_end is None:
+                grace_end = now + GRACE_S  # the others may be waiting for the raising rank in a collective
+            if grace_end is not None and now > grace_end and cell.running():
+                self._kill()
+                if interrupted is not None:
+                    raise _warm_diagnose.stuck_after_interrupt(cell, GRACE_S)
+                raise _warm_diagnose.stuck_after_raise(cell, GRACE_S)
+            if deadline is not None and now > deadline:
+                self._kill()
+                raise _warm_diagnose.timed_out(cell, timeout)
+            self._link.pump(0.05)
+        if interrupted is not None:
+            raise _warm_diagnose.interrupted(cell)
+        if cell.errors():
+            raise _warm_diagnose.raised(cell)
+
+    def _died(self, cell: Cell) -> None:
+        """A rank's process ended: wait for torchrun's report of its exit code, stop everything, name it."""
+        end = time.monotonic() + REPORT_WAIT_S
+        while self._link.proc.poll() is None and time.monotonic() < end:
+            self._link.pump(0.05)
+        codes = torchrun_exit_codes("\n".join(self._link.launcher))
+        self._kill()
+        raise _warm_diagnose.died(cell, codes, self._link.lost, self._link.proc.returncode)
+
+    def _kill(self) -> None:
+        """Kill every process of the pool and remove its folder."""
+        self.up = False
+        _LIVE.pop(id(self), None)
+        if self._link is not None:
+            self._link.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def stop(self) -> None:
+        """End the ranks; nothing of the pool is left running afterwards. Safe to call twice."""
+        if self.up:
+            self._link.hang_up(STOP_WAIT_S)
+            self._kill()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def status(self) -> dict[str, Any]:
+        pids = {r: p.pid for r, p in sorted(self._link.pids.items())} if self.up else {}
+        return {"up": self.up, "ranks": self.nproc, "backend": self.backend, "cells_run": self.cells_run,
+                "pids": pids, "uptime_s": round(time.monotonic() - self.started_at, 1) if self.up else 0.0}
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()
+
+
+_LIVE: dict[int, Pool] = {}  # every pool still up, held here so that none is forgotten with its ranks running
+atexit.register(lambda: [pool.stop() for pool in list(_LIVE.values())])  # a kernel restart or shutdown
+
+
+@contextlib.contextmanager
+def _stop_button():
+    """Count SIGINTs (the notebook's stop button) while a cell runs, instead of raising KeyboardInterrupt in the
+    middle of the bookkeeping. Only the main thread receives signals; elsewhere the count stays 0."""
+    presses = [0]
+    if threading.current_thread() is not threading.main_thread():
+        yield presses
+        return
+
+    def press(signum: int, frame: Any) -> None:
+        presses[0] += 1
+
+    previous = signal.signal(signal.SIGINT, press)
+    try:
+        yield presses
+    finally:
+        signal.signal(signal.SIGINT, previous)
