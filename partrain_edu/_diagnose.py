@@ -1,10 +1,11 @@
 """What went wrong in a failed launch, told as one `TorchrunError` that names the rank that caused it.
 
 The launcher's run folder says what each rank did: rank{k}.pid (started), rank{k}.error (raised; the traceback,
-trimmed to the learner's frames, and when), rank{k}.done (finished cleanly). torchrun's own report adds the exit
-code of every rank that failed, negative for a signal. Most ranks that fail only fail because another one did:
-the job here is to find that other one, and to say in words what a collective mismatch (different sizes, dtypes,
-ops or order across ranks) looked like to the backend (`explain_mismatch`).
+trimmed to the learner's frames, and when), rank{k}.done (finished cleanly), rank{k}.calls (the collective it is
+in or made last, `partrain_edu._calls`). torchrun's own report adds the exit code of every rank that failed,
+negative for a signal. Most ranks that fail only fail because another one did: the job here is to find that other
+one, and to say in words what a collective mismatch (different sizes, dtypes, ops or order across ranks) was: from
+the call records where they show one, else as the backend reported it (`explain_mismatch`).
 """
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ import re
 import signal
 from typing import Any
 
+from partrain_edu import _calls
+from partrain_edu._calls import MISMATCH_HINT
+
 # Errors a rank gets only because another rank died or gave up first (Gloo's and NCCL's wording).
 CONSEQUENCES = ("Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted")
 RAISE_HINT = ("If the run is just slow, raise the limit: `%%torchrun --timeout N` or `torchrun(..., timeout=N)` "
               "(`--timeout none` / `timeout=None`: no limit).")
-MISMATCH_HINT = ("Every rank must make the same collective calls in the same order: look for an `if rank ...` "
-                 "around a collective, an early `return` or `sys.exit()`, or a loop whose length differs by rank.")
 # The ranks' environment for diagnosis, applied by the launcher unless the caller set the variable itself.
 # TORCH_DISTRIBUTED_DEBUG=DETAIL would name each rank's op, shapes and dtypes in a mismatch (its ProcessGroupWrapper
 # all-gathers a fingerprint on a helper Gloo group before every collective), and CommTracer's bytes are the same
@@ -124,18 +126,24 @@ def failure(run: Any, returncode: int) -> TorchrunError:
     killed = {rank: code for rank, code in signalled.items() if code != -signal.SIGTERM}
     if not killed and not errors:
         killed = signalled
+    calls = _calls.diagnose(run.run_dir, run.nproc, run.ranks_with(".done"))  # where each rank's calls stand
+    mismatch = calls if calls and calls.kind == "mismatch" else None
     if killed:
         rank = min(killed)
         code = -killed[rank]
         name = signal.Signals(code).name if code in signal.valid_signals() else str(code)
         last = outputs.get(rank, "").strip().splitlines()[-5:]
         tail = ("\nits last lines:\n" + "\n".join(last)) if last else ""
-        aborted = explain_mismatch(outputs.get(rank, ""))  # Gloo aborts the rank that received too much
+        # Gloo aborts the rank that received more than it expected, after printing why (in bytes).
+        aborted = (with_backend_words(mismatch.text, "\n".join(outputs.values())) if mismatch
+                   else explain_mismatch(outputs.get(rank, "")))
         cause = f": {aborted}" if aborted else " before raising a Python error; the other ranks were stopped"
         return TorchrunError(f"rank {rank} was killed by signal {name}{cause}{tail}", rank, "", outputs)
     if not errors:
         return TorchrunError(f"torchrun exited with code {returncode} and no rank reported an error:\n"
                              + "\n".join(run.launcher[-20:]), min(exit_codes, default=None), "", outputs)
+    if mismatch:  # Gloo may let a mismatched call through on some ranks, which then finish or fail elsewhere
+        return _mismatched(mismatch, errors, outputs)
     finished = sorted(run.ranks_with(".done"))
     if finished and all(_is_consequence(e["traceback"]) or e["timed_out"] for e in errors.values()):
         return _left_early(finished, True, errors, outputs)
@@ -151,10 +159,32 @@ def failure(run: Any, returncode: int) -> TorchrunError:
     stuck = stuck_ranks(run)
     if first["timed_out"] and stuck:
         also += f"; rank(s) {stuck} never got that far"
-    mismatch = _first_mismatch(errors, outputs)
-    explained = f" {mismatch}" if mismatch else ""
-    message = f"rank {first['rank']} failed{also}:{explained}\n{_tidy(first['traceback']).rstrip()}"
+    # A timeout: the records say who waited for whom, in the learner's terms.
+    explained = calls.text if calls and first["timed_out"] else _first_mismatch(errors, outputs)
+    message = f"rank {first['rank']} failed{also}:{' ' if explained else ''}{explained or ''}\n" \
+              f"{_tidy(first['traceback']).rstrip()}"
     return TorchrunError(message, first["rank"], first["traceback"], _without(outputs, first), first["timed_out"])
+
+
+def _mismatched(found: _calls.Finding, errors: dict[int, dict], outputs: dict[int, str]) -> TorchrunError:
+    """The records show ranks that disagreed on a collective: that is the story, whoever raised first."""
+    first = min(errors.values(), key=lambda e: e["time"])
+    message = f"{found.text}\nrank {first['rank']} failed here:\n{_tidy(first['traceback']).rstrip()}"
+    timed_out = any(e["timed_out"] for e in errors.values())
+    return TorchrunError(message, found.rank, "", _without(outputs, first), timed_out)
+
+
+def with_backend_words(text: str, output: str) -> str:
+    """The records' sentence, with Gloo's own report of the mismatch when a rank's `output` holds one."""
+    sizes = _GLOO_SIZE.search(output)
+    return text if sizes is None else (f"{text} (Gloo: a rank received {sizes.group(1)} bytes where its own call "
+                                       f"expected {sizes.group(2)}.)")
+
+
+def mismatch_error(run: Any, found: _calls.Finding) -> TorchrunError:
+    """The ranks' records showed a collective mismatch that stood still (`_calls.Watch`): the run was stopped."""
+    return TorchrunError(f"{found.text}\nThe ranks could never have finished, so the run was stopped at once; every "
+                         "rank was killed.", found.rank, "", run.texts())
 
 
 def _left_early(left: list[int], finished: bool, errors: dict[int, dict], outputs: dict[int, str]) -> TorchrunError:
@@ -221,7 +251,8 @@ def timeout_error(run: Any, timeout: float | None) -> TorchrunError:
     else:
         state = f"Ranks still running: {stuck}." + (
             f" Never started: {sorted(set(range(run.nproc)) - started)}." if len(started) < run.nproc else "")
-    message = (f"timed out after {timeout:g} s; every rank was killed. {state} {RAISE_HINT} If it should have "
-               "finished by now, a rank stuck in a loop, or waiting in a collective the others never reach, "
-               "is the usual cause.")
+    calls = _calls.explain_calls(run.run_dir, run.nproc)
+    why = calls or ("If it should have finished by now, a rank stuck in a loop, or waiting in a collective the "
+                    "others never reach, is the usual cause.")
+    message = f"timed out after {timeout:g} s; every rank was killed. {state} {RAISE_HINT} {why}"
     return TorchrunError(message, None, "", run.texts(), timed_out=True)

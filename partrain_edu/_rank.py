@@ -10,7 +10,7 @@ Four small jobs, so that the notebook can show one clear story and nothing outli
    are a pipe to a small labelling process forked first, which also passes on the last lines of a rank that crashes;
 2. an uncaught exception is written, with a traceback trimmed to the user's frames, to RUN_DIR/rank{k}.error
    (and a clean finish to RUN_DIR/rank{k}.done, so a timeout can name the ranks that never got there);
-   RUN_DIR/rank{k}.pid says the rank started;
+   RUN_DIR/rank{k}.pid says the rank started, RUN_DIR/rank{k}.calls which collective it is in (`_calls`);
 3. when the script ends, whatever it started and left running is killed: its descendants, and the members of its
    process group (torchrun starts each rank in a session of its own, which its children share);
 4. if the process that called `torchrun()` dies (a closed terminal, a killed kernel), a watchdog thread kills the
@@ -30,7 +30,7 @@ import threading
 import time
 import traceback
 
-from partrain_edu import _procs
+from partrain_edu import _calls, _procs
 
 WATCH_S = 0.5  # how often the watchdog looks at the launcher
 LONGEST_LINE = 1 << 20  # a "line" that never ends is passed on in pieces of this size
@@ -132,7 +132,7 @@ def _user_traceback(exc: BaseException, skip: tuple[str, ...] = ()) -> str:
     import torch
 
     tb = traceback.TracebackException.from_exception(exc)
-    skip = (__file__, "<frozen runpy>", runpy.__file__, *skip)
+    skip = (__file__, _calls.__file__, "<frozen runpy>", runpy.__file__, *skip)
     torch_dir = os.path.dirname(torch.__file__) + os.sep  # torch's own wrappers say nothing to a learner
     frames = [f for f in tb.stack if f.filename not in skip]
     user_frames = [f for f in frames if not f.filename.startswith(torch_dir)]
@@ -149,6 +149,7 @@ def main(argv: list[str]) -> int:
     with open(pid_file + ".tmp", "w") as f:
         f.write(str(os.getpid()))
     os.replace(pid_file + ".tmp", pid_file)  # the launcher never sees a half-written file
+    _calls.record(run_dir, rank)
     try:
         return _run(run_dir, rank)
     finally:

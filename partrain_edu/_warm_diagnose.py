@@ -11,7 +11,8 @@ import signal
 from dataclasses import dataclass, field
 from typing import Callable
 
-from partrain_edu._diagnose import CONSEQUENCES, MISMATCH_HINT, TorchrunError, explain_mismatch
+from partrain_edu._calls import Finding
+from partrain_edu._diagnose import CONSEQUENCES, MISMATCH_HINT, TorchrunError, explain_mismatch, with_backend_words
 
 MARK_WAIT_S = 2.0  # a rank said "done": how long its end mark may take to come through its labelling process
 RESTART = "`%dist restart` (or `pool.restart()`) starts fresh ranks; their variables are lost."
@@ -70,15 +71,21 @@ class Cell:
     def errors(self) -> list[dict]:
         return [report for report in self.done.values() if report.get("error")]
 
+    def finished_cleanly(self) -> set[int]:
+        """The ranks that ended the cell without an error: they will make no more calls in it."""
+        return {rank for rank, report in self.done.items() if not report.get("error")}
 
-def raised(cell: Cell, stopped_because: str = "") -> DistError:
+
+def raised(cell: Cell, stopped_because: str = "", calls: Finding | None = None) -> DistError:
     """The rank whose exception caused the failure. A rank that only lost its peer is never the cause, and a
-    backend's mismatch report (told in plain words first) is the best story there is."""
+    mismatch (the ranks' call records, else the backend's report, told in plain words first) is the best story."""
     reports = sorted(cell.errors(), key=lambda e: (any(w in e["error"] for w in CONSEQUENCES),
                                                    not e.get("mismatch"), e["time"]))
     first, others = reports[0], sorted(e["rank"] for e in reports[1:])
     also = f" (then rank(s) {others} failed too)" if others else ""
     mismatch = f"{first['mismatch']}\n" if first.get("mismatch") else ""
+    if calls and (calls.kind == "mismatch" or first["timed_out"]):  # a timeout: who waited for whom
+        mismatch = f"{calls.text}\n"
     message = f"rank {first['rank']} failed{also}:\n{mismatch}{first['error'].rstrip()}"
     if stopped_because:
         message += f"\n{stopped_because}"
@@ -101,22 +108,32 @@ def interrupted(cell: Cell) -> DistInterrupted:
                            pool_stopped=False)
 
 
-def timed_out(cell: Cell, timeout: float) -> DistError:
+def mismatch(cell: Cell, found: Finding) -> DistError:
+    """The ranks' call records showed a collective mismatch that stood still (`_calls.Watch`)."""
+    return DistError(f"{found.text}\nThe ranks could never have finished this cell, so the pool was stopped at once, "
+                     f"every rank killed: {RESTART}", found.rank, cell.texts(), pool_stopped=True)
+
+
+def timed_out(cell: Cell, timeout: float, calls: Finding | None = None) -> DistError:
+    """`calls`: what the ranks' call records say about where they wait, told instead of the usual suspects."""
     stuck, finished = cell.running(), sorted(cell.done)
     if finished:
-        why = f"rank(s) {stuck} were still in the cell, rank(s) {finished} had finished it. {MISMATCH_HINT}"
+        why = f"rank(s) {stuck} were still in the cell, rank(s) {finished} had finished it. "
+        why += calls.text if calls else MISMATCH_HINT
     else:
-        why = (f"Ranks still running: {stuck}. A rank stuck in a loop, or waiting in a collective the others never "
-               "reach, is the usual cause.")
+        why = f"Ranks still running: {stuck}. " + (calls.text if calls else "A rank stuck in a loop, or waiting in a "
+                                                   "collective the others never reach, is the usual cause.")
     return DistError(f"timed out after {timeout:g} s: {why} If the cell is just slow, raise the limit: "
                      "`%%dist --timeout N` or `pool.run(..., timeout=N)` (none / None: no limit). The pool was "
                      f"stopped, every rank killed: {RESTART}", finished[0] if finished else None, cell.texts(),
                      timed_out=True, pool_stopped=True)
 
 
-def died(cell: Cell, exit_codes: dict[int, int], lost: list[int | None], torchrun_code: int | None) -> DistError:
+def died(cell: Cell, exit_codes: dict[int, int], lost: list[int | None], torchrun_code: int | None,
+         calls: Finding | None = None) -> DistError:
     """A rank's process, or torchrun, ended in the middle of a cell. `exit_codes`: torchrun's report; `lost`: the
-    ranks whose connection closed, in that order (torchrun stops the others after the first)."""
+    ranks whose connection closed, in that order (torchrun stops the others after the first); `calls`: what the
+    ranks' call records say."""
     # As in _diagnose.failure: a rank killed by a signal is the cause; SIGTERM is torchrun stopping the rest.
     killed = sorted(r for r, c in exit_codes.items() if c < 0 and c != -signal.SIGTERM)
     gone = [r for r in lost if r is not None]
@@ -131,8 +148,12 @@ def died(cell: Cell, exit_codes: dict[int, int], lost: list[int | None], torchru
         how = "ended its process (os._exit?) before finishing the cell" + (f", exit code {code}" if code else "")
     last = cell.outputs.get(rank, [])[-5:]
     tail = ("\nits last lines:\n" + "\n".join(last)) if last else ""
-    # Gloo aborts a rank that receives more bytes than its own call expects, after printing why.
-    mismatch = explain_mismatch("\n".join(cell.outputs.get(rank, [])))
+    # Gloo aborts a rank that receives more bytes than its own call expects, after printing why (in bytes).
+    output = "\n".join(cell.outputs.get(rank, []))
+    if calls and calls.kind == "mismatch":  # the call records name the calls that did not match
+        mismatch = with_backend_words(calls.text, output)
+    else:
+        mismatch = explain_mismatch(output)
     why = f"\n{mismatch}" if mismatch else ""
     return DistError(f"rank {rank} {how}; the other ranks were stopped. {RESTART}{why}{tail}", rank, cell.texts(),
                      pool_stopped=True)

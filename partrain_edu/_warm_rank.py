@@ -9,7 +9,8 @@ its own (the kernel cuts the output stream there: no line leaks into the next ce
 learner's traceback (trimmed as in `partrain_edu._rank`) if the cell raised. Messages: JSON after a 4-byte length.
 
 Output labelling, the watchdog that kills the pool when the kernel dies, and the clean-up at exit are
-`partrain_edu._rank`'s. SIGINT (the notebook's stop button) raises KeyboardInterrupt only inside a cell.
+`partrain_edu._rank`'s; the record of the rank's collective calls is `partrain_edu._calls`'s (POOL_DIR/rank{k}.calls).
+SIGINT (the notebook's stop button) raises KeyboardInterrupt only inside a cell.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import sys
 import time
 import types
 
-from partrain_edu import _rank
+from partrain_edu import _calls, _rank
 from partrain_edu._diagnose import explain_mismatch
 
 SOCKET_NAME = "control.sock"
@@ -86,6 +87,7 @@ def main(argv: list[str]) -> int:
     rank = int(os.environ.get("RANK", 0))
     labeller = _rank._start_labeller(rank)  # first: it forks, and no thread may exist yet
     _rank._watch_launcher(pool_dir)
+    _calls.record(pool_dir, rank)
     signal.signal(signal.SIGINT, _on_sigint)
     # The cells' module is __main__, as a script's is: a class defined in a cell can be pickled (torch.save).
     main_module = types.ModuleType("__main__")
@@ -126,6 +128,7 @@ def run_cell(code: str, cell: int, namespace: dict) -> dict:
     # Registered like IPython's cells, so that a traceback shows the learner's line, not just its number.
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     report: dict = {}
+    _calls.between_cells()
     try:
         _Cell.running = True
         exec(compile(code, filename, "exec"), namespace)

@@ -11,8 +11,8 @@ rank is wrapped by `partrain_edu._rank`, so that the launcher can:
 - turn a failure into one `TorchrunError` naming the rank that caused it, with its own traceback (not
   torchrun's ChildFailedError wall);
 - stop the run after `timeout` seconds of wall-clock time (default 300 s), on a kernel interrupt (one line:
-  `TorchrunInterrupted`), on another rank's failure, or when the caller itself dies, killing every rank and
-  everything the ranks started;
+  `TorchrunInterrupted`), on another rank's failure, as soon as the ranks' call records show a collective
+  mismatch (`partrain_edu._calls`), or when the caller itself dies, killing every rank and all they started;
 - hand back the values ranks `runtime.publish`ed.
 """
 from __future__ import annotations
@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
-from partrain_edu import _procs
-from partrain_edu._diagnose import RANK_DEBUG_ENV, TorchrunError, TorchrunInterrupted, failure, timeout_error
+from partrain_edu import _calls, _procs
+from partrain_edu._diagnose import (RANK_DEBUG_ENV, TorchrunError, TorchrunInterrupted, failure, mismatch_error,
+                                    timeout_error)
 from partrain_edu.runtime import BACKEND_ENV, DEFAULT_TIMEOUT_S, PUBLISH_DIR_ENV, TIMEOUT_ENV
 
 # A cell that runs longer than this is stopped. It catches what the 60 s collective timeout inside the ranks
@@ -175,13 +176,14 @@ def _supervise(command: list[str], env: dict[str, str], run: _Run, timeout: floa
                             stdin=subprocess.DEVNULL, start_new_session=True)
     lines = _Lines(proc.stdout.fileno(), run.take)  # type: ignore[union-attr]
     deadline = None if timeout is None else start + timeout
-    timed_out = False
+    timed_out, mismatch, watch = False, None, _calls.Watch(run.run_dir, run.nproc)
     try:
-        while proc.poll() is None and not timed_out:
+        while proc.poll() is None and not timed_out and mismatch is None:
             left = None if deadline is None else deadline - time.perf_counter()
             timed_out = left is not None and left <= 0
             lines.read(0.1 if left is None else max(0.0, min(0.1, left)))
-        _stop(proc, run)  # torchrun has exited, or time is up: whatever of the run still runs must go
+            mismatch = watch.poll()  # ranks that wait in mismatched collectives wait for ever: stop them now
+        _stop(proc, run)  # torchrun has exited, time is up or the ranks can never finish: what still runs must go
         lines.drain(KILL_GRACE_S)
     except KeyboardInterrupt:  # the stop button: one line for the learner, once every rank is gone
         _stop(proc, run)
@@ -193,6 +195,8 @@ def _supervise(command: list[str], env: dict[str, str], run: _Run, timeout: floa
         proc.stdout.close()  # type: ignore[union-attr]
     if timed_out:
         raise timeout_error(run, timeout)
+    if mismatch is not None:
+        raise mismatch_error(run, mismatch)
     return proc.returncode, time.perf_counter() - start
 
 

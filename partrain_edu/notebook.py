@@ -1,8 +1,8 @@
 """The `%%torchrun` and `%dist` / `%%dist` magics, and how rank output looks in a notebook: live while the ranks
 run, tidy and repeatable when they finish.
 
-    %%torchrun -n N [--timeout S|none] [--backend auto|gloo|nccl] [--rank R] [-- script args]
-    %dist start -n N [--backend auto|gloo|nccl] [--timeout S|none]      (also: restart, stop, status)
+    %%torchrun -n N [--timeout S|none] [--backend auto|gloo|nccl] [--device emulated:a100] [--rank R] [-- args]
+    %dist start -n N [--backend auto|gloo|nccl] [--device emulated:a100] [--timeout S|none]   (restart, stop, status)
     %%dist [--rank R] [--timeout S|none]
 
 `%%torchrun` runs the cell on fresh ranks (`partrain_edu.launch.torchrun`); `%%dist` runs it on the warm ranks
@@ -20,7 +20,8 @@ import shlex
 import time
 from typing import Any
 
-USAGE = "%%torchrun -n N [--timeout S|none] [--backend auto|gloo|nccl] [--rank R] [-- script args]"
+USAGE = ("%%torchrun -n N [--timeout S|none] [--backend auto|gloo|nccl] [--device cpu|emulated:a100] [--rank R] "
+         "[-- script args]")
 
 
 class MagicUsageError(ValueError):
@@ -43,12 +44,32 @@ def seconds(text: str) -> float | None:  # named for argparse's "invalid seconds
     return None if text.lower() == "none" else float(text)
 
 
+def device(text: str) -> str:
+    """`--device`: cpu, or an emulated device spec (checked here: a bad one is a usage error, not a rank's)."""
+    if text != "cpu":
+        from partrain_edu.emulated import parse
+
+        try:
+            parse(text)
+        except ValueError as error:   # argparse would replace a ValueError's words with "invalid value"
+            raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def _device_env(spec: str | None) -> dict[str, str]:
+    """What tells `runtime.init()` on the ranks which device to time with (its `device=` argument wins)."""
+    from partrain_edu.runtime import DEVICE_ENV
+
+    return {} if spec is None else {DEVICE_ENV: spec}
+
+
 def parse_magic_line(line: str) -> tuple[argparse.Namespace, list[str]]:
     """The options of a `%%torchrun` line, and the arguments after `--` for the script."""
     parser = _Parser()
     parser.add_argument("-n", "--nproc", type=int, default=2)
     parser.add_argument("--timeout", type=seconds, default=argparse.SUPPRESS)
     parser.add_argument("--backend", choices=["auto", "gloo", "nccl"], default=None)
+    parser.add_argument("--device", type=device, default=None)
     parser.add_argument("--rank", type=int, default=None)
     try:
         words = shlex.split(line)
@@ -71,8 +92,8 @@ def run_cell_magic(line: str, cell: str, user_ns: dict[str, Any]):
         raise MagicUsageError(f"%%torchrun: {error}") from None
     live = LiveOutput(show_rank=options.rank)
     try:
-        result = torchrun(cell, nproc=options.nproc, timeout=timeout, args=script_args,
-                          backend=options.backend, show_rank=options.rank, echo=live.line)
+        result = torchrun(cell, nproc=options.nproc, timeout=timeout, args=script_args, backend=options.backend,
+                          show_rank=options.rank, echo=live.line, env=_device_env(options.device))
     except (TorchrunError, TorchrunInterrupted) as error:   # the live area becomes the ranks' grouped output
         live.finish(error.outputs)
         raise
@@ -81,7 +102,8 @@ def run_cell_magic(line: str, cell: str, user_ns: dict[str, Any]):
     return result
 
 
-DIST_USAGE = "%dist start|restart [-n N] [--backend auto|gloo|nccl] [--timeout S|none] | %dist stop | %dist status"
+DIST_USAGE = ("%dist start|restart [-n N] [--backend auto|gloo|nccl] [--device cpu|emulated:a100] [--timeout S|none] "
+              "| %dist stop | %dist status")
 DIST_CELL_USAGE = "%%dist [--rank R] [--timeout S|none]"
 _pool = None  # this kernel's warm ranks (`partrain_edu.warm.Pool`), if `%dist start` ever ran
 
@@ -128,9 +150,11 @@ def _dist_command(line: str):
     parser.add_argument("command", choices=["start", "restart", "stop", "status"])
     parser.add_argument("-n", "--nproc", type=int, default=None)
     parser.add_argument("--backend", choices=["auto", "gloo", "nccl"], default=None)
+    parser.add_argument("--device", type=device, default=None)
     parser.add_argument("--timeout", type=seconds, default=argparse.SUPPRESS)
     options = parser.parse_args(_words(line, "%dist", DIST_USAGE))
-    if options.command in ("stop", "status") and (options.nproc or options.backend or "timeout" in options):
+    if options.command in ("stop", "status") and (options.nproc or options.backend or options.device
+                                                  or "timeout" in options):
         raise MagicUsageError(f"%dist {options.command} takes no options; usage: {DIST_USAGE}")
     if options.command == "status":
         print(_status_line())
@@ -146,6 +170,7 @@ def _dist_command(line: str):
     previous = _pool  # `%dist restart` keeps the options it is not given
     nproc = options.nproc or (previous.nproc if previous else 2)
     backend = options.backend or (previous.requested_backend if previous else None)
+    env = _device_env(options.device) if options.device else (previous.env if previous else {})
     timeout = getattr(options, "timeout", previous.timeout if previous else DEFAULT_RUN_TIMEOUT_S)
     try:
         check_arguments(nproc, _checked_timeout(timeout), None)
@@ -155,7 +180,7 @@ def _dist_command(line: str):
         previous.stop()
     _pool, live = None, LiveOutput()
     try:
-        _pool = Pool(nproc, backend=backend, timeout=timeout, echo=live.line)
+        _pool = Pool(nproc, backend=backend, timeout=timeout, env=env, echo=live.line)
     except DistError as error:
         live.finish(error.outputs)
         raise

@@ -39,6 +39,7 @@ DEFAULT_TIMEOUT_S = 60.0
 PUBLISH_DIR_ENV = "PARTRAIN_PUBLISH_DIR"
 TIMEOUT_ENV = "PARTRAIN_TIMEOUT"
 BACKEND_ENV = "PARTRAIN_BACKEND"
+DEVICE_ENV = "PARTRAIN_DEVICE"      # `%%torchrun --device emulated:a100`: the device `init()` times with
 
 TIMEOUT_HINT = (
     "A collective waited longer than the timeout. The ranks probably did not make the same collective calls "
@@ -100,16 +101,17 @@ def _choose_backend(requested: str, local_world_size: int) -> str:
 
 
 def init(backend: str = "auto", timeout: float | None = None, *, dp: int | None = None, tp: int | None = None,
-         pp: int | None = None, use_mesh: bool = False, device: str = "cpu") -> ParallelContext:
+         pp: int | None = None, use_mesh: bool = False, device: str | None = None) -> ParallelContext:
     """Create (or re-create) the default process group and return this rank's `ParallelContext`.
 
     `timeout` (seconds) bounds every collective: a teaching deadlock ends in an error that says what
     probably mismatched, instead of a frozen notebook. Default 60 s, or `--timeout` of the launcher.
     dp/tp/pp (any of them) also build the grid's groups (`topology.build`); a missing size is 1, except dp,
-    which takes the ranks left over. `device="emulated:a100"` (see `partrain_edu.emulated`) shapes the time of
-    compute and communication like that device's, a lens for seconds; the arithmetic stays this machine's.
+    which takes the ranks left over. `device="emulated:a100"` (see `partrain_edu.emulated`; default: the
+    launcher's `--device`, else "cpu") shapes the time of compute and communication like that device's, a lens
+    for seconds; the arithmetic stays this machine's.
     """
-    emulator = None
+    emulator, device = None, device or os.environ.get(DEVICE_ENV, "cpu")
     if device != "cpu":   # parsed first: a bad spec is a one-line error before any group exists
         from partrain_edu import emulated
 

@@ -88,3 +88,15 @@ def test_alpha_and_beta_are_recovered_from_timed_collectives():
     assert fit[0] == pytest.approx(alpha) and fit[1] == pytest.approx(beta) and fit[2] < 1e-9
     with pytest.raises(ValueError, match="vary both the message size and the group size"):
         fit_alpha_beta([("all_reduce", 1000, 2, 1.0), ("all_reduce", 1000, 2, 1.0)])
+
+
+def test_a_torchrun_cell_picks_its_device_from_the_magic_line():
+    from partrain_edu.notebook import MagicUsageError, run_cell_magic
+
+    ns: dict = {}
+    cell = ("from partrain_edu import runtime\nctx = runtime.init()\n"
+            "runtime.publish('device', ctx.emulator.device.name if ctx.emulator else 'cpu')\n")
+    run_cell_magic("-n 2 --device emulated:h100,node=1", cell, ns)
+    assert ns["device"] == "H100 SXM 80GB"
+    with pytest.raises(MagicUsageError, match="unknown emulated device 'tpu'"):
+        run_cell_magic("-n 2 --device emulated:tpu", cell, ns)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from partrain_edu import _procs
+from partrain_edu import _calls, _procs
 from partrain_edu._diagnose import explain_mismatch, failure
 from partrain_edu.launch import TorchrunError, TorchrunInterrupted, _Run, call_with_timeout, torchrun
 from partrain_edu.notebook import MagicUsageError, parse_magic_line, run_cell_magic
@@ -22,12 +22,12 @@ from test_launch import leftovers, new_marker
 HEADER = "import os, signal, subprocess, sys, time\nfrom partrain_edu import runtime\nctx = runtime.init()\n"
 
 
-def launch(body: str, timeout: float = 60, env_extra: dict[str, str] | None = None, **kwargs):
-    """Run HEADER + body on 2 ranks; return (result or TorchrunError, seconds, leftover pids)."""
+def launch(body: str, timeout: float = 60, env_extra: dict[str, str] | None = None, nproc: int = 2, **kwargs):
+    """Run HEADER + body on `nproc` ranks; return (result or TorchrunError, seconds, leftover pids)."""
     marker, env = new_marker()
     start = time.perf_counter()
     try:
-        outcome = torchrun(HEADER + textwrap.dedent(body), nproc=2, timeout=timeout, echo=None,
+        outcome = torchrun(HEADER + textwrap.dedent(body), nproc=nproc, timeout=timeout, echo=None,
                            env={**env, **(env_extra or {})}, **kwargs)
     except TorchrunError as error:
         outcome = error
@@ -148,7 +148,7 @@ def test_mismatched_sizes_in_an_all_reduce_are_explained_with_the_sizes():
     assert isinstance(error, TorchrunError) and error.rank in (0, 1)
     assert "collective mismatch" in str(error), str(error)
     assert re.search(r"received \d+ bytes where its own call expected \d+", str(error)), str(error)
-    assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in str(error)  # how to see the shapes
+    assert "all_reduce float32[3]" in str(error) and "all_reduce float32[5]" in str(error)  # the call records
     assert elapsed < 40 and left == []
 
 
@@ -163,6 +163,148 @@ def test_with_detail_set_by_the_caller_the_mismatch_names_each_ranks_shape():
     assert "collective mismatch: rank" in text, text
     assert "all_reduce float32[3]" in text and "all_reduce float32[5]" in text, text
     assert "TensorDeviceTypes" not in text and left == []  # the fingerprint's noise is left out
+
+
+def seconds_since_all_arrived(error: TorchrunError) -> float:
+    """Time from the last rank's `arrived <time>` line (printed just before its collective) until now."""
+    arrivals = [float(line.split()[1]) for text in error.outputs.values() for line in text.splitlines()
+                if line.startswith("arrived ")]
+    assert arrivals, error.outputs
+    return time.time() - max(arrivals)
+
+
+def test_four_ranks_that_disagree_on_a_shape_are_stopped_within_seconds_with_both_shapes():
+    # Gloo lets rank 0 through and leaves ranks 1-3 waiting: only their 45 s collective timeout would end it.
+    error, _, left = launch("""
+        import torch, torch.distributed as dist
+        print("arrived", time.time(), flush=True)
+        dist.all_reduce(torch.ones(4 if ctx.rank == 0 else 5))
+        time.sleep(120)  # whoever gets through stays: the run never ends by itself
+    """, nproc=4)
+    assert isinstance(error, TorchrunError) and error.rank == 0, error
+    text = str(error)
+    assert text.startswith("collective mismatch: rank 0 "), text
+    assert "all_reduce float32[4]" in text and "ranks 1–3 in all_reduce float32[5]" in text, text
+    assert seconds_since_all_arrived(error) < 10 and left == []
+
+
+def test_a_rank_that_skipped_a_collective_is_named_while_the_others_wait_for_it():
+    error, _, left = launch("""
+        import torch, torch.distributed as dist
+        dist.all_reduce(torch.ones(4))
+        if ctx.rank != 1:
+            dist.all_reduce(torch.ones(4))  # rank 1 skips this one ...
+        print("arrived", time.time(), flush=True)
+        dist.barrier()                      # ... so its barrier meets the others' all_reduce
+        time.sleep(120)
+    """, nproc=4)
+    assert isinstance(error, TorchrunError) and error.rank == 1, error
+    assert str(error).startswith("collective mismatch: rank 1 is in barrier (its call #2 on ranks 0–3), ranks 0, 2, "
+                                 "3 in all_reduce float32[4]"), str(error)
+    assert seconds_since_all_arrived(error) < 10 and left == []
+
+
+def test_comm_tracer_counts_the_same_bytes_on_top_of_the_call_records():
+    result, _, left = launch("""
+        import inspect
+        from pathlib import Path
+        import torch, torch.distributed as dist
+        from partrain_edu import _calls
+        from partrain_edu.comm import CommTracer
+        from partrain_edu.runtime import PUBLISH_DIR_ENV
+        recorded = dist.all_reduce.__code__.co_filename == _calls.__file__ and dist.isend is dist.distributed_c10d.isend
+        signature_kept = inspect.signature(dist.all_reduce) == inspect.signature(inspect.unwrap(dist.all_reduce))
+        peer = 1 - ctx.rank
+        early = [dist.P2POp(dist.isend, torch.ones(8), peer), dist.P2POp(dist.irecv, torch.empty(8), peer)]
+        with CommTracer() as tracer:  # the P2POps above hold the recorder's isend/irecv, not the tracer's
+            dist.all_reduce(torch.ones(1000))
+            dist.broadcast(torch.ones(10), src=0)
+            for work in dist.batch_isend_irecv(early):
+                work.wait()
+            dist.all_gather_object([None, None], ctx.rank)
+        del early, work
+        last = _calls.read(Path(os.environ[PUBLISH_DIR_ENV]).parent, 2)[ctx.rank]
+        runtime.publish("seen", (recorded, signature_kept, tracer.summary(), last.op, last.state, last.number))
+    """)
+    assert not isinstance(result, TorchrunError), result
+    recorded, signature_kept, summary, *last = result.published["seen"]
+    assert recorded and signature_kept
+    assert {op: summary[op] for op in ("all_reduce", "broadcast", "isend", "irecv")} == {
+        "all_reduce": {"calls": 1, "bytes": 4000}, "broadcast": {"calls": 1, "bytes": 40},  # the ring model, 2 ranks
+        "isend": {"calls": 1, "bytes": 32}, "irecv": {"calls": 1, "bytes": 0}}
+    assert summary["all_gather_object"]["calls"] == 1
+    assert last == ["all_gather", "out", 4]  # all_reduce, broadcast, then all_gather_object's two all_gathers
+    assert left == []
+
+
+def write_calls(folder, *calls: tuple, ranks: tuple[int, ...] = (0, 1, 2, 3)) -> None:
+    """Each call: (rank, state, number, op, tensors[, root]) as a rank's recorder writes it, on group "0" of `ranks`."""
+    for rank, state, number, op, tensors, *root in calls:
+        (folder / f"rank{rank}.calls").write_bytes(_calls._RECORD.pack(
+            b"PTC1", state[0].encode(), number, root[0] if root else -1, b"0", ",".join(map(str, ranks)).encode(),
+            op.encode(), tensors.encode()))
+
+
+def test_a_rank_that_ended_is_named_with_how_far_it_got(tmp_path):
+    write_calls(tmp_path, (0, "in", 4, "all_reduce", "float32[4]"), (1, "in", 4, "all_reduce", "float32[4]"),
+                (2, "out", 3, "all_reduce", "float32[4]"), ranks=(0, 1, 2))
+    (tmp_path / "rank2.done").touch()
+    assert _calls.explain_calls(tmp_path, 3).startswith(
+        "rank 2 ended after 3 collectives while ranks 0, 1 wait in their 4th (all_reduce float32[4] on ranks 0–2). "
+        "Every rank must make the same collective calls in the same order")
+    assert _calls.diagnose(tmp_path, 3, live=True).kind == "behind"  # told at a timeout; never stops a run early
+
+
+@pytest.mark.parametrize("calls, live, words", [
+    # A straggler: the others wait for it, which is no mismatch while it runs; after a timeout it is the story.
+    ([(r, "in", 5, "all_reduce", "float32[4]") for r in range(3)] + [(3, "out", 4, "all_reduce", "float32[4]")],
+     True, None),
+    ([(r, "in", 5, "all_reduce", "float32[4]") for r in range(3)] + [(3, "out", 4, "all_reduce", "float32[4]")],
+     False, "rank 3 is elsewhere after 4 collectives while ranks 0–2 wait in their 5th"),
+    # Shapes that may differ by rank: uneven all_to_all splits, the root's list of a gather.
+    ([(r, "in", 2, "all_to_all_single", f"float32[{4 * (r + 1)}], float32[10]") for r in range(4)], True, None),
+    ([(0, "in", 2, "gather", "float32[4], [float32[4]]*4", 0)] + [(r, "in", 2, "gather", "float32[4]", 0)
+                                                                  for r in (1, 2, 3)], True, None),
+    ([(r, "in", 2, "all_to_all_single", f"float{16 if r else 32}[4], float32[4]") for r in range(4)], True,
+     "collective mismatch: rank 0 is in all_to_all_single float32[4], float32[4] (its call #2 on ranks 0–3)"),
+    ([(r, "in", 7, "broadcast", "float32[4]", 1 if r == 2 else 0) for r in range(4)], True,
+     "collective mismatch: rank 2 is in broadcast float32[4] from rank 1 (its call #7 on ranks 0–3), ranks 0, 1, 3 "
+     "in broadcast float32[4] from rank 0: every rank must call"),
+    # A call that raised is its rank's own error to tell while the run lasts; after it, where that rank was.
+    ([(0, "raised", 2, "all_reduce", "int64[4]")] + [(r, "in", 2, "all_reduce", "float32[4]") for r in (1, 2, 3)],
+     True, None),
+    ([(0, "raised", 2, "all_reduce", "int64[4]")] + [(r, "in", 2, "all_reduce", "float32[4]") for r in (1, 2, 3)],
+     False, "collective mismatch: rank 0 is in all_reduce int64[4] (its call #2 on ranks 0–3), ranks 1–3 in "
+     "all_reduce float32[4]: every rank must call"),
+    # Ranks at different numbers tell only once every one of them waits.
+    ([(0, "in", 3, "all_reduce", "float32[4]"), (1, "in", 2, "all_reduce", "float32[4]"),
+      (2, "out", 2, "all_reduce", "float32[4]"), (3, "in", 3, "all_reduce", "float32[4]")], True, None),
+    ([(0, "in", 3, "all_reduce", "float32[4]"), (1, "in", 2, "all_reduce", "float32[4]"),
+      (2, "in", 3, "all_reduce", "float32[4]"), (3, "in", 3, "all_reduce", "float32[4]")], True,
+     "collective mismatch: rank 1 is in all_reduce float32[4] (its call #2 on ranks 0–3), ranks 0, 2, 3 in "
+     "all_reduce float32[4] (their call #3)"),
+])
+def test_the_call_records_tell_a_mismatch_from_ranks_that_are_merely_out_of_step(tmp_path, calls, live, words):
+    write_calls(tmp_path, *calls)
+    found = _calls.diagnose(tmp_path, 4, live=live)
+    assert (found is None) if words is None else found.text.startswith(words), found
+
+
+def test_a_watch_reports_a_mismatch_only_once_it_has_stood_still(tmp_path, monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(_calls.time, "monotonic", lambda: clock[0])
+    watch = _calls.Watch(tmp_path, 2)
+
+    def poll_at(t: float, *calls: tuple):
+        clock[0] = t
+        write_calls(tmp_path, *calls, ranks=(0, 1))
+        return watch.poll()
+
+    assert poll_at(100.0, (0, "in", 1, "all_reduce", "float32[4]"), (1, "in", 1, "all_reduce", "float32[5]")) is None
+    assert poll_at(100.6, (0, "in", 2, "all_reduce", "float32[4]"), (1, "in", 2, "all_reduce", "float32[5]")) is None
+    assert poll_at(101.2, (0, "in", 2, "all_reduce", "float32[4]"), (1, "in", 2, "all_reduce", "float32[5]")) is None
+    found = poll_at(101.8, (0, "in", 2, "all_reduce", "float32[4]"), (1, "in", 2, "all_reduce", "float32[5]"))
+    assert found is not None and found.rank == 0 and "float32[5]" in found.text  # the same records 1.2 s apart
 
 
 def test_a_failing_ranks_traceback_is_shown_once():

@@ -38,9 +38,9 @@ def pool():
     assert leftovers(marker) == [], "a process of the pool outlived stop()"
 
 
-def failing(code: str, timeout: float = 20) -> tuple[DistError | DistInterrupted, float]:
+def failing(code: str, timeout: float = 20, nproc: int = 2) -> tuple[DistError | DistInterrupted, float]:
     """Run `code` on a fresh pool that it brings down; the error, and how long the cell took."""
-    pool, marker = start_pool()
+    pool, marker = start_pool(nproc)
     start = time.perf_counter()
     try:
         with pytest.raises((DistError, DistInterrupted)) as info:
@@ -117,6 +117,41 @@ def test_a_collective_mismatch_is_named_with_its_sizes():
     sizes = re.search(r"received (\d+) bytes where its own call expected (\d+)", text)  # Gloo's check
     assert sizes and sizes.group(1) != sizes.group(2), text
     assert elapsed < 20 + 5
+
+
+def test_four_warm_ranks_that_disagree_on_a_shape_are_stopped_within_seconds_with_both_shapes():
+    # Gloo lets rank 0 finish its cell and leaves ranks 1-3 waiting: the cell's 20 s timeout would be the slow way.
+    error, elapsed = failing("dist.all_reduce(torch.ones(4 if rank == 0 else 5))", nproc=4)
+    text = str(error)
+    assert isinstance(error, DistError) and error.rank == 0 and not error.timed_out, text
+    assert text.startswith("collective mismatch: rank 0 ") and "ranks 1–3 in all_reduce float32[5]" in text, text
+    assert "all_reduce float32[4]" in text and "`%dist restart`" in text
+    assert elapsed < 10
+
+
+def test_a_healthy_cell_with_200_all_reduces_and_stragglers_is_never_stopped():
+    """Ranks out of step (waiting for a straggler, in collectives whose shapes rightly differ) are no mismatch."""
+    pool, marker = start_pool(4)
+    try:
+        result = pool.run(
+            "import time\n"
+            "total = 0.0\n"
+            "for i in range(200):\n"
+            "    x = torch.ones(1000)\n"
+            "    dist.all_reduce(x)\n"
+            "    total += x[0].item()\n"
+            "    if i % 50 == 0 and rank == i // 50:\n"
+            "        time.sleep(1.5)  # the others wait in their next all_reduce meanwhile\n"
+            "if rank == 3:\n"
+            "    time.sleep(1.5)  # the others wait in an all_to_all whose output sizes differ by rank\n"
+            "out = torch.empty(4 * (rank + 1))\n"
+            "dist.all_to_all_single(out, torch.arange(10.0), [rank + 1] * 4, [j + 1 for j in range(4)])\n"
+            "print(total, out.numel())")
+        assert result.outputs == {r: f"800.0 {4 * (r + 1)}\n" for r in range(4)}
+        assert pool.run("print(world_size)").outputs == {r: "4\n" for r in range(4)}
+    finally:
+        pool.stop()
+    assert leftovers(marker) == []
 
 
 def test_a_killed_rank_brings_the_pool_down_and_is_named():

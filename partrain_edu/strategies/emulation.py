@@ -30,17 +30,33 @@ def check(cfg) -> None:
                          f"communication is out of reach); use one of {', '.join(DATA_PARALLEL)} or pp-*")
 
 
+def block_seconds(em, model_cfg, samples: int) -> float:
+    """Emulated seconds of one TinyGPT block's forward over `samples` sequences: TinyGPT's n blocks stand for
+    GPT-3 XL's 24 layers, so each costs 24/n of them — a step's compute and its gradients are one model's."""
+    return layer_seconds(SHAPE, samples, em.device) * SHAPE.layers / model_cfg.n_layer
+
+
+def charge_tinygpt(em, model, samples: int) -> float:
+    """Charge every block of a (wrapped) TinyGPT and scale its gradients' bytes to GPT-3 XL's bf16 ones; returns
+    the bytes GPT-3 XL's gradients take. For any cell that times a data-parallel TinyGPT on the emulated device."""
+    blocks = [b for b in model.modules() if isinstance(b, Block)]
+    model_cfg = next(m for m in model.modules() if isinstance(m, TinyGPT)).cfg
+    for block in blocks:
+        em.charge(block, block_seconds(em, model_cfg, samples))
+    tiny = sum(p.numel() for p in TinyGPT(model_cfg).parameters())       # whole: a ZeRO-3 model holds shards
+    named = gpt_param_count(SHAPE.layers, SHAPE.hidden, 50257, SHAPE.seq) * 2
+    em.bytes_scale = named / (tiny * 4)
+    return named
+
+
 def emulate(strategy) -> None:
     """Charge `strategy`'s blocks (or stages) on `strategy.ctx.emulator`; a one-line ValueError if it can't."""
     em, cfg = strategy.ctx.emulator, strategy.cfg
     check(cfg)
-    pipeline = hasattr(strategy, "executor")
     m = cfg.microbatches
     samples = cfg.global_batch // (strategy.dp * m)         # sequences per micro-batch on this rank
-    # TinyGPT's n blocks stand for GPT-3 XL's 24 layers: each block costs 24/n of them, so a step's compute and
-    # its gradients' bytes are the same model's
-    layer = layer_seconds(SHAPE, samples, em.device) * SHAPE.layers / cfg.model.n_layer
-    if pipeline:
+    layer = block_seconds(em, cfg.model, samples)
+    if hasattr(strategy, "executor"):                      # a pipeline: charge each stage its blocks
         for chunk in strategy.chunks:
             em.charge(chunk, len(chunk.blocks) * layer)
         # forward + backward (2×) of every micro-batch through an average stage: the same scale on every rank
@@ -50,12 +66,7 @@ def emulate(strategy) -> None:
     else:
         if hasattr(strategy.model, "timeline"):            # our DDP: its overlap timeline on the emulated clock
             strategy.model.clock = em.now
-        blocks = [b for b in strategy.model.modules() if isinstance(b, Block)]
-        for block in blocks:
-            em.charge(block, layer)
-        tiny = sum(p.numel() for p in TinyGPT(cfg.model).parameters())   # whole: zero3's own are shards
-        named = gpt_param_count(SHAPE.layers, SHAPE.hidden, 50257, SHAPE.seq) * 2   # bf16 gradient bytes
-        em.bytes_scale = named / (tiny * 4)
+        named = charge_tinygpt(em, strategy.model, samples)
         _, alpha, beta = em.link_of(tuple(range(strategy.ctx.world_size)))
         per_step = 3 * cfg.model.n_layer * layer * m + collective_time("all_reduce", named, strategy.dp,
                                                                        alpha=alpha, beta=beta)

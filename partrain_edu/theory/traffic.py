@@ -104,14 +104,16 @@ def fit_alpha_beta(samples: list[tuple[str, int, int, float]]) -> tuple[float, f
     return alpha, 1 / inv_beta, error
 
 
-def bucketed_backward_end(backward_s: float, bucket_comm_s: list[float]) -> float:
-    """When DDP's last all-reduce ends, from the start of backward, if k buckets become ready evenly through a
-    backward of `backward_s` (bucket i at (i+1)/k of it) and run one after another on one stream. For equal buckets
-    of total C this is max(B + C/k, B/k + C): overlap saves (1 − 1/k)·min(B, C) against one all-reduce of the
-    same bytes after backward (Li et al. 2020, PyTorch Distributed, §3.2.3), minus the extra buckets' α."""
+def bucketed_backward_end(backward_s: float, bucket_comm_s: list[float], ready_s: list[float] | None = None) -> float:
+    """When DDP's last all-reduce ends, from the start of backward: bucket i becomes ready at `ready_s[i]` (by
+    default evenly through a backward of `backward_s`, at (i+1)/k of it) and the buckets run one after another on
+    one stream. For k equal buckets of total C this is max(B + C/k, B/k + C): overlap saves (1 − 1/k)·min(B, C)
+    against one all-reduce of the same bytes after backward (Li et al. 2020, PyTorch Distributed, §3.2.3), minus
+    the extra buckets' α."""
     k, end = len(bucket_comm_s), 0.0
-    for i, comm in enumerate(bucket_comm_s):
-        end = max(backward_s * (i + 1) / k, end) + comm
+    ready_s = ready_s if ready_s is not None else [backward_s * (i + 1) / k for i in range(k)]
+    for ready, comm in zip(ready_s, bucket_comm_s):
+        end = max(ready, end) + comm
     return max(end, backward_s)
 
 
