@@ -14,8 +14,8 @@ import re
 import signal
 from typing import Any
 
-from partrain_edu import _calls
-from partrain_edu._calls import MISMATCH_HINT
+from partrain_edu import _call_findings
+from partrain_edu._call_findings import MISMATCH_HINT
 
 # Errors a rank gets only because another rank died or gave up first (Gloo's and NCCL's wording).
 CONSEQUENCES = ("Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted")
@@ -126,7 +126,7 @@ def failure(run: Any, returncode: int) -> TorchrunError:
     killed = {rank: code for rank, code in signalled.items() if code != -signal.SIGTERM}
     if not killed and not errors:
         killed = signalled
-    calls = _calls.diagnose(run.run_dir, run.nproc, run.ranks_with(".done"))  # where each rank's calls stand
+    calls = _call_findings.diagnose(run.run_dir, run.nproc, run.ranks_with(".done"))  # where each rank's calls stand
     mismatch = calls if calls and calls.kind == "mismatch" else None
     if killed:
         rank = min(killed)
@@ -166,7 +166,7 @@ def failure(run: Any, returncode: int) -> TorchrunError:
     return TorchrunError(message, first["rank"], first["traceback"], _without(outputs, first), first["timed_out"])
 
 
-def _mismatched(found: _calls.Finding, errors: dict[int, dict], outputs: dict[int, str]) -> TorchrunError:
+def _mismatched(found: _call_findings.Finding, errors: dict[int, dict], outputs: dict[int, str]) -> TorchrunError:
     """The records show ranks that disagreed on a collective: that is the story, whoever raised first."""
     first = min(errors.values(), key=lambda e: e["time"])
     message = f"{found.text}\nrank {first['rank']} failed here:\n{_tidy(first['traceback']).rstrip()}"
@@ -181,8 +181,8 @@ def with_backend_words(text: str, output: str) -> str:
                                        f"expected {sizes.group(2)}.)")
 
 
-def mismatch_error(run: Any, found: _calls.Finding) -> TorchrunError:
-    """The ranks' records showed a collective mismatch that stood still (`_calls.Watch`): the run was stopped."""
+def mismatch_error(run: Any, found: _call_findings.Finding) -> TorchrunError:
+    """The ranks' records showed a collective mismatch that stood still (`_call_findings.Watch`): the run was stopped."""
     return TorchrunError(f"{found.text}\nThe ranks could never have finished, so the run was stopped at once; every "
                          "rank was killed.", found.rank, "", run.texts())
 
@@ -251,7 +251,7 @@ def timeout_error(run: Any, timeout: float | None) -> TorchrunError:
     else:
         state = f"Ranks still running: {stuck}." + (
             f" Never started: {sorted(set(range(run.nproc)) - started)}." if len(started) < run.nproc else "")
-    calls = _calls.explain_calls(run.run_dir, run.nproc)
+    calls = _call_findings.explain_calls(run.run_dir, run.nproc)
     why = calls or ("If it should have finished by now, a rank stuck in a loop, or waiting in a collective the "
                     "others never reach, is the usual cause.")
     message = f"timed out after {timeout:g} s; every rank was killed. {state} {RAISE_HINT} {why}"

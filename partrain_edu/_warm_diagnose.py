@@ -11,7 +11,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Callable
 
-from partrain_edu._calls import Finding
+from partrain_edu._call_findings import Finding
 from partrain_edu._diagnose import CONSEQUENCES, MISMATCH_HINT, TorchrunError, explain_mismatch, with_backend_words
 
 MARK_WAIT_S = 2.0  # a rank said "done": how long its end mark may take to come through its labelling process
@@ -109,7 +109,7 @@ def interrupted(cell: Cell) -> DistInterrupted:
 
 
 def mismatch(cell: Cell, found: Finding) -> DistError:
-    """The ranks' call records showed a collective mismatch that stood still (`_calls.Watch`)."""
+    """The ranks' call records showed a collective mismatch that stood still (`_call_findings.Watch`)."""
     return DistError(f"{found.text}\nThe ranks could never have finished this cell, so the pool was stopped at once, "
                      f"every rank killed: {RESTART}", found.rank, cell.texts(), pool_stopped=True)
 

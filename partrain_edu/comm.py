@@ -53,6 +53,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from partrain_edu.dist_patch import patch_collectives, restore
+
 __all__ = ["CommRecord", "CommTracer"]
 
 
@@ -242,17 +244,12 @@ class CommTracer:
         if CommTracer._active is not None:
             raise RuntimeError("a CommTracer is already active in this process; tracers do not nest "
                                "(use tracer.label(...) or tracer.step() to split one trace)")
-        for module in (dist, c10d):
-            for name in _TRACED:
-                if name in vars(module):
-                    self._saved.append((module, name, vars(module)[name]))
-                    setattr(module, name, _wrap(name, vars(module)[name]))
+        self._saved = patch_collectives(_TRACED, _wrap)
         CommTracer._active = self
         return self
 
     def __exit__(self, *exc) -> bool:
-        for module, name, original in reversed(self._saved):
-            setattr(module, name, original)
+        restore(self._saved)
         self._saved = []
         CommTracer._active = None
         return False

@@ -12,7 +12,7 @@ rank is wrapped by `partrain_edu._rank`, so that the launcher can:
   torchrun's ChildFailedError wall);
 - stop the run after `timeout` seconds of wall-clock time (default 300 s), on a kernel interrupt (one line:
   `TorchrunInterrupted`), on another rank's failure, as soon as the ranks' call records show a collective
-  mismatch (`partrain_edu._calls`), or when the caller itself dies, killing every rank and all they started;
+  mismatch (`partrain_edu._call_findings`), or when the caller itself dies, killing every rank and all they started;
 - hand back the values ranks `runtime.publish`ed.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
-from partrain_edu import _calls, _procs
+from partrain_edu import _call_findings, _procs
 from partrain_edu._diagnose import (RANK_DEBUG_ENV, TorchrunError, TorchrunInterrupted, failure, mismatch_error,
                                     timeout_error)
 from partrain_edu.runtime import BACKEND_ENV, DEFAULT_TIMEOUT_S, PUBLISH_DIR_ENV, TIMEOUT_ENV
@@ -176,7 +176,7 @@ def _supervise(command: list[str], env: dict[str, str], run: _Run, timeout: floa
                             stdin=subprocess.DEVNULL, start_new_session=True)
     lines = _Lines(proc.stdout.fileno(), run.take)  # type: ignore[union-attr]
     deadline = None if timeout is None else start + timeout
-    timed_out, mismatch, watch = False, None, _calls.Watch(run.run_dir, run.nproc)
+    timed_out, mismatch, watch = False, None, _call_findings.Watch(run.run_dir, run.nproc)
     try:
         while proc.poll() is None and not timed_out and mismatch is None:
             left = None if deadline is None else deadline - time.perf_counter()

@@ -10,7 +10,7 @@ watchdogs: nothing outlives the kernel) and runs `partrain_edu._warm_rank`. Its 
 Unix socket in a private folder; every rank answers "done" (or its error) once it has written the cell's end mark
 into its output, where the kernel cuts the stream. A rank that raises leaves the pool usable, unless the others
 are still stuck GRACE_S later (in a collective, waiting for it). A rank that dies, a cell past its timeout, ranks
-whose call records show a collective mismatch (`partrain_edu._calls`: they would wait for ever), or ranks that
+whose call records show a collective mismatch (`partrain_edu._call_findings`: they would wait for ever), or ranks that
 ignore the stop button bring the pool down, every process killed, with an error that says `%dist restart`.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from partrain_edu import _calls, _procs, _warm_diagnose, _warm_rank
+from partrain_edu import _call_findings, _procs, _warm_diagnose, _warm_rank
 from partrain_edu._diagnose import RANK_DEBUG_ENV, torchrun_exit_codes
 from partrain_edu._warm_diagnose import RESTART, Cell, DistError, DistInterrupted
 from partrain_edu._warm_link import MARK_PREFIX, Link
@@ -160,7 +160,7 @@ class Pool:
     def _wait(self, cell: Cell, deadline: float | None, timeout: float | None, presses: list[int]) -> None:
         """Route output and answers until every rank of `cell` is done; raise when the cell failed."""
         grace_end = interrupted = None
-        watch = _calls.Watch(self.dir, self.nproc)
+        watch = _call_findings.Watch(self.dir, self.nproc)
         while not cell.finished(now := time.monotonic()):
             if not self._link.alive():
                 self._died(cell)
@@ -190,9 +190,9 @@ class Pool:
         if cell.errors():
             raise _warm_diagnose.raised(cell, calls=self._where_ranks_wait(cell))
 
-    def _where_ranks_wait(self, cell: Cell) -> _calls.Finding | None:
+    def _where_ranks_wait(self, cell: Cell) -> _call_findings.Finding | None:
         """What the ranks' call records say about where they wait (read before `_kill` removes them)."""
-        return _calls.diagnose(self.dir, self.nproc, cell.finished_cleanly())
+        return _call_findings.diagnose(self.dir, self.nproc, cell.finished_cleanly())
 
     def _died(self, cell: Cell) -> None:
         """A rank's process ended: wait for torchrun's report of its exit code, stop everything, name it."""

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from partrain_edu import _calls, _procs
+from partrain_edu import _call_findings, _calls, _procs
 from partrain_edu._diagnose import explain_mismatch, failure
 from partrain_edu.launch import TorchrunError, TorchrunInterrupted, _Run, call_with_timeout, torchrun
 from partrain_edu.notebook import MagicUsageError, parse_magic_line, run_cell_magic
@@ -249,10 +249,10 @@ def test_a_rank_that_ended_is_named_with_how_far_it_got(tmp_path):
     write_calls(tmp_path, (0, "in", 4, "all_reduce", "float32[4]"), (1, "in", 4, "all_reduce", "float32[4]"),
                 (2, "out", 3, "all_reduce", "float32[4]"), ranks=(0, 1, 2))
     (tmp_path / "rank2.done").touch()
-    assert _calls.explain_calls(tmp_path, 3).startswith(
+    assert _call_findings.explain_calls(tmp_path, 3).startswith(
         "rank 2 ended after 3 collectives while ranks 0, 1 wait in their 4th (all_reduce float32[4] on ranks 0–2). "
         "Every rank must make the same collective calls in the same order")
-    assert _calls.diagnose(tmp_path, 3, live=True).kind == "behind"  # told at a timeout; never stops a run early
+    assert _call_findings.diagnose(tmp_path, 3, live=True).kind == "behind"  # told at a timeout; never stops a run early
 
 
 @pytest.mark.parametrize("calls, live, words", [
@@ -286,14 +286,14 @@ def test_a_rank_that_ended_is_named_with_how_far_it_got(tmp_path):
 ])
 def test_the_call_records_tell_a_mismatch_from_ranks_that_are_merely_out_of_step(tmp_path, calls, live, words):
     write_calls(tmp_path, *calls)
-    found = _calls.diagnose(tmp_path, 4, live=live)
+    found = _call_findings.diagnose(tmp_path, 4, live=live)
     assert (found is None) if words is None else found.text.startswith(words), found
 
 
 def test_a_watch_reports_a_mismatch_only_once_it_has_stood_still(tmp_path, monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr(_calls.time, "monotonic", lambda: clock[0])
-    watch = _calls.Watch(tmp_path, 2)
+    monkeypatch.setattr(_call_findings.time, "monotonic", lambda: clock[0])
+    watch = _call_findings.Watch(tmp_path, 2)
 
     def poll_at(t: float, *calls: tuple):
         clock[0] = t

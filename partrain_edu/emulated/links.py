@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from partrain_edu import comm
+from partrain_edu.dist_patch import patch_collectives, restore
 
 _active = None                     # the installed Emulator (one per process, like the patch)
 _side = None                       # the process group the timestamps travel on
@@ -205,17 +206,9 @@ def install(emulator) -> None:
     side group, and start every rank's clock at the same instant. Every rank must call it (a collective)."""
     global _active, _side
     uninstall()
-    wrappers: dict = {}
-    for module in (dist, c10d):
-        for name in comm._COSTS:
-            orig = vars(module).get(name)
-            if orig is None or getattr(orig, "_emulated", False):
-                continue
-            _orig.setdefault(name, orig)
-            if orig not in wrappers:               # dist.isend is c10d.isend: one wrapper for both names
-                wrappers[orig] = _wrap(name, orig)
-            _saved.append((module, name, orig))
-            setattr(module, name, wrappers[orig])
+    _saved.extend(patch_collectives(comm._COSTS, _wrap))
+    for _, name, orig in _saved:
+        _orig.setdefault(name, orig)
     _side = dist.new_group(backend="gloo")
     emulator.clock = emulator.stream_free = _latest(time.perf_counter())
     emulator.synced(emulator.clock)
@@ -224,8 +217,7 @@ def install(emulator) -> None:
 
 def uninstall() -> None:
     global _active, _side
-    for module, name, orig in reversed(_saved):
-        setattr(module, name, orig)
+    restore(_saved)
     _saved.clear()
     _pending.clear()
     _sends.clear()
