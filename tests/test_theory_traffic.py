@@ -75,7 +75,7 @@ def test_one_gbe_makes_data_parallel_crawl():
     sent = step_traffic("ddp", 1_300_000_000, dp=8).per_rank_bytes_sent
     assert link_time(sent, "1gbe") > 36          # ≈ 4.55e9 B / 0.125e9 B/s = 36.4 s per step, at least
     assert link_time(sent, "nvlink") < 0.011
-    assert LINKS["infiniband"] == 25e9 and LINKS["nvlink"] == 450e9
+    assert LINKS["infiniband"] == 50e9 and LINKS["nvlink"] == 450e9
 
 
 @pytest.mark.parametrize("call, words", [

@@ -89,7 +89,7 @@ def test_memory_bars_equal_estimate_memory_when_controls_move():
     assert shown_png(app) != before
     bars = stacked_bars(app.figure)
     for z in range(4):
-        e = estimate_memory(7_500_000_000, dp=64, zero=z, layers=32, hidden=4096, heads=32, seq=2048,
+        e = estimate_memory(7_500_000_000, dp=64, zero=z, layers=36, hidden=4096, heads=32, seq=2048,
                             micro_batch=2, recompute="selective")
         for label, value in (("parameters", e.params_bytes), ("gradients", e.grads_bytes),
                              ("optimizer states", e.optimizer_bytes), ("activations", e.activations_bytes)):

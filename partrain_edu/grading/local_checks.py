@@ -52,8 +52,8 @@ def zero_stage_check(smallest_zero_stage) -> list[str]:
         if got != want:
             need = {z: reference_total(params, dp, z) for z in range(4)}
             return [f"Ψ={params:,} on N_d={dp} GPUs of {device:,} bytes: expected {want!r}, got {got!r}. Model "
-                    f"states per GPU by stage: {need}. Hint: return the LOWEST stage that fits (less "
-                    "communication), and None when none does"]
+                    f"states per GPU by stage: {need}. Hint: return the LOWEST stage that fits (fewest "
+                    "collectives; only stage 3 moves 1.5× the bytes), and None when none does"]
     return []
 
 

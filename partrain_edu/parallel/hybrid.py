@@ -5,9 +5,10 @@ and the bill of what each dimension sent.
     partrain-edu train --strategy 3d --nproc 8 --dp 2 --tp 2 --pp 2 --microbatches 2 --json
 
 Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", §3):
-rank (s, d, t) holds stage s's layers, their t-th tensor slice, and trains on the d-th slice of the batch. The tp
-group all-reduces activations in every layer (tensor.py); the pp group passes activations between stages
-(pipeline.py); the dp group all-reduces this rank's Ψ/(pp·tp) gradients once per step, 2(dp−1)/dp of them.
+ranks follow theory.grid's order (pp outermost, tp innermost: Megatron-Core's default); rank (s, d, t) holds
+stage s's layers, their t-th tensor slice, and trains on the d-th slice of the batch. The tp group
+all-reduces activations in every layer (tensor.py); the pp group passes activations between stages (pipeline.py);
+the dp group all-reduces this rank's Ψ/(pp·tp) gradients once per step, 2(dp−1)/dp of them.
 """
 from __future__ import annotations
 

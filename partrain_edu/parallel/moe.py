@@ -20,9 +20,11 @@ of its data-parallel slice); the router is replicated (its gradient is summed ov
 1. counts: each rank tells each other how many of its tokens go to each of that rank's experts (E ints);
 2. dispatch: each token row (H floats, once per chosen expert) goes to its expert's rank;
 3. combine: each expert output comes back to the token's rank (the same sizes, reversed).
-Backward runs combine's and dispatch's transposes: the same bytes again. Per rank and forward,
+Backward runs combine's and dispatch's transposes: the same bytes again. Per rank, per all-to-all,
 
     bytes sent = (N·k − rows kept on this rank) · H · 4     ≈ (n−1)/n · N·k·H·4 under balanced routing
+
+so a forward (dispatch + combine) sends ≈ 2(n−1)/n · N·k·H·4, and its backward as much again.
 
 which `CommTracer` measures (it counts the rows `all_to_all_single` sends to other ranks).
 """

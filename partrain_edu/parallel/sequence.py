@@ -16,9 +16,9 @@ all-reduce per step sums the gradients of the whole-on-every-rank parameters (La
 biases, positions), each rank having seen only its positions.
 
 **Activation memory per layer** (theory.memory, Korthikanti Table 2): sbh(10 + 24/t + 5as/(ht)) under tensor
-parallelism becomes sbh(34/t + 5as/(ht)) — the 10sbh replicated part shrinks t-fold. Half of those 10sbh are the
-inputs of the QKV and first MLP matmuls; to keep only their (B, T/t, H) shard, the paper stores the shard and
-all-gathers it again in backward. We do that with autograd's saved-tensor hooks (`pack`/`unpack` below), so the
+parallelism becomes sbh(34/t + 5as/(ht)) — the 10sbh replicated part shrinks t-fold. Of those 10sbh, 4sbh are the
+inputs of the QKV and first MLP matmuls (the rest: 4sbh LayerNorm inputs, 2sbh dropout masks; §4.2.2); to keep
+only their (B, T/t, H) shard, the paper stores the shard and all-gathers it again in backward. We do that with autograd's saved-tensor hooks (`pack`/`unpack` below), so the
 model code is unchanged; `SequenceParallelRegion(group, regather=False)` keeps the whole input, to compare.
 `SavedBytes` measures what a layer keeps; notebook 05 and the tests compare it with the formula.
 """

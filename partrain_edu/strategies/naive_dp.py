@@ -1,4 +1,4 @@
-"""`naive-dp`: `torch.nn.DataParallel`'s single-process pattern, rebuilt to show why it is deprecated.
+"""`naive-dp`: `torch.nn.DataParallel`'s single-process pattern, rebuilt to show why PyTorch recommends DDP instead.
 
     partrain-edu train --strategy naive-dp --nproc 4 --steps 20 --json     (4 replicas, ONE process)
 

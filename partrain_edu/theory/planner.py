@@ -69,8 +69,10 @@ def assumed_shape(params: int) -> Shape:
         heads = 8 * round(heads / 8)  # so tensor parallelism up to 8 divides the heads
     hidden = heads * HEAD_DIM
     layers = max(1, round((params - (VOCAB + SEQ + 2) * hidden) / (12 * hidden**2 + 13 * hidden)))
-    if layers >= 8:
-        layers = 8 * round(layers / 8)  # so pipelines of 2, 4 and 8 stages split the layers evenly
+    if layers >= 4:
+        # a multiple of 4, so pipelines of 2 and 4 stages split the layers evenly; not of 8, which would turn
+        # Megatron's 7.5B (36 × 4096; Narayanan et al. 2021, Table 1) into a 6.7B model of 32 layers
+        layers = 4 * round(layers / 4)
     return Shape(layers, hidden, heads)
 
 

@@ -49,8 +49,9 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send")
 
 # Bytes per second in one direction, per GPU.
 LINKS = {
+    # one generation, so the ratios between them are an H100 cluster's (an A100's: hardware.DEVICES["a100"])
     "nvlink": 450e9,      # NVLink 4 (H100 SXM): 900 GB/s bidirectional = 450 GB/s each way
-    "infiniband": 25e9,   # InfiniBand HDR: 200 Gb/s per port = 25 GB/s (one port per GPU)
+    "infiniband": 50e9,   # InfiniBand NDR: 400 Gb/s per port = 50 GB/s, one port per GPU (DGX H100)
     "10gbe": 1.25e9,      # 10 Gb Ethernet
     "1gbe": 0.125e9,      # 1 Gb Ethernet: the source notes' "data parallel basically cannot run"
 }
