@@ -32,7 +32,7 @@ from partrain_edu.config import TrainConfig, add_train_arguments, config_from_ar
 from partrain_edu.data import SyntheticTokens
 from partrain_edu.progress import StepProgress
 from partrain_edu.strategies import Strategy, get_strategy, tensor_bytes
-from partrain_edu.strategies.emulation import check as check_emulation, emulate
+from partrain_edu.strategies.emulation import check as check_emulation, emulate, mfu
 
 
 def run(ctx: runtime.ParallelContext, cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
@@ -78,7 +78,8 @@ def run(ctx: runtime.ParallelContext, cfg: TrainConfig, on_step: Callable[[int, 
               "state_bytes": {k: most_loaded.get(k, 0) for k in ("params", "grads", "optimizer")},
               "step_time_s": statistics.median(times)}
     if em is not None:  # step_time_s is then the emulated device's; the wall time is this machine's
-        report["emulated"] = {**em.report(), "wall_step_time_s": statistics.median(walls), **timing}
+        report["emulated"] = {**em.report(), "wall_step_time_s": statistics.median(walls), **timing,
+                              "mfu": mfu(cfg, report["step_time_s"], ctx.world_size, em.device.peak_flops)}
     return report
 
 

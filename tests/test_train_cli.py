@@ -107,6 +107,8 @@ def test_a_pipeline_on_the_emulated_device_reports_its_bubble_beside_the_formula
     assert max(abs(a - b) for a, b in zip(report["losses"], single["losses"])) < 1e-5   # time shaped, not math
     # (m + p − 1) · 3 · a stage of 24/4 GPT-3 XL layers over 2 sequences on an A100: the emulated step time
     assert report["step_time_s"] == pytest.approx(11 * 3 * 6 * 2 * 7.71e-4, rel=0.08)
+    # MFU: the device computes at peak, so what a pipeline loses is its bubble
+    assert report["emulated"]["mfu"] == pytest.approx(1 - bubble["measured"], rel=0.05)
 
 
 def test_a_strategy_the_emulator_cannot_time_is_refused_before_it_starts():

@@ -14,7 +14,7 @@ run their communication in C++, out of the emulator's reach; tensor parallelism 
 from __future__ import annotations
 
 from partrain_edu.models import Block, TinyGPT
-from partrain_edu.theory.hardware import GPT_1_3B, layer_seconds
+from partrain_edu.theory.hardware import GPT_1_3B, layer_forward_flops, layer_seconds
 from partrain_edu.theory.memory import gpt_param_count
 from partrain_edu.theory.traffic import collective_time
 
@@ -28,6 +28,15 @@ def check(cfg) -> None:
     if cfg.device != "cpu" and cfg.strategy not in DATA_PARALLEL and not cfg.strategy.startswith("pp-"):
         raise ValueError(f"--device {cfg.device}: {cfg.strategy} cannot be timed on the emulated device (its "
                          f"communication is out of reach); use one of {', '.join(DATA_PARALLEL)} or pp-*")
+
+
+def mfu(cfg, step_time_s: float, world_size: int, peak_flops: float) -> float:
+    """Model FLOPs utilisation (Chowdhery et al. 2022, App. B): the model's FLOPs per step — forward and backward
+    (3×) of GPT-3 XL's layers over the global batch; embeddings and logits are not charged — over what the
+    world_size devices could do at peak in step_time_s. The emulated device computes at peak, so what is lost
+    here is communication that did not hide and pipeline bubbles (a real GPU's kernels also lose 40–60 %)."""
+    flops = 3 * SHAPE.layers * layer_forward_flops(SHAPE, cfg.global_batch)
+    return flops / (step_time_s * world_size * peak_flops)
 
 
 def block_seconds(em, model_cfg, samples: int) -> float:
