@@ -1,4 +1,4 @@
-"""`partrain-edu` — the command line (also `python -m partrain_edu`). The contract lives in DESIGN.md.
+"""`partrain-edu` — the command line (also `python -m partrain_edu`). The contract: docs/cli.md.
 
     partrain-edu train --strategy torch-ddp --nproc 2 --steps 20 --json
     partrain-edu memory --params 7.5B --json

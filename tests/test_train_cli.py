@@ -1,4 +1,4 @@
-"""`partrain-edu train`: the contract of DESIGN.md, and the oracle — every strategy reproduces `single`."""
+"""`partrain-edu train`: the contract of docs/cli.md, and the oracle — every strategy reproduces `single`."""
 import json
 import subprocess
 import sys

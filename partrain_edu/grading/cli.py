@@ -8,7 +8,7 @@ Each notebook is graded in a sandbox against the instructor's checks for the exe
 of one notebook, its cells and checks together, in whole seconds (a fraction is rounded up). The --csv file is
 opened before any grading and gets each notebook's rows as soon as it is graded, so a bad path fails at once
 and an interrupted run keeps what it graded. `--json` prints {"notebooks": [{"path", "exercise", "score",
-"seconds", "checks": [{"name", "passed", "message"}], "error"?}], "isolation"} (DESIGN.md).
+"seconds", "checks": [{"name", "passed", "message"}], "error"?}], "isolation"} (docs/cli.md).
 Exit 0 when every check passed, 1 when any failed; bad input raises ValueError, which `partrain_edu/cli.py`
 turns into one line and exit 2 (argparse errors exit 2 the same way).
 """

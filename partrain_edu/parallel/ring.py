@@ -18,8 +18,10 @@ receives one from its left neighbour, all n sends at once, so every link of the 
 
 Each rank sends every chunk but one in each phase, so an all-reduce sends 2(n−1)/n · S bytes per rank — the
 bandwidth-optimal amount, independent of n for large n (Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce
-algorithms for clusters of workstations"; the ring NCCL uses). Gloo's own `reduce_scatter_tensor` is an
-all-reduce inside, so this file is where a CommTracer shows the true ring traffic: one `isend` record per step.
+algorithms for clusters of workstations"). Libraries choose among several: NCCL picks ring, tree, NVLS or CollNet
+by message size and topology (the ring is the large-message case), and Gloo has several all-reduce algorithms.
+Gloo's own `reduce_scatter_tensor` is an all-reduce inside, so this file is where a CommTracer shows the true
+ring traffic: one `isend` record per step.
 
 Every function works in place on a contiguous tensor, over `group` (default: the whole world), and can append
 one row per step to `log` (phase, step, which chunk was sent and received, a copy of the tensor) so a notebook

@@ -8,8 +8,11 @@ Sent through device 0 per micro-batch of B sequences, T tokens, V logits each, w
 
     ≈ 2(N−1) · Ψ·4 + 2(N−1)/N · B·T·V·4     (DDP: each rank sends 2(N−1)/N · Ψ·4, below 2 · Ψ·4 for any N)
 
-Device 0 is the bandwidth and memory hotspot, the threads share one GIL, and a loss on gathered outputs cannot
-scale past one machine: PyTorch recommends DistributedDataParallel in every case. The math is still exact (the
+Device 0 is the bandwidth and memory hotspot, and the threads share one GIL. One process cannot span machines at
+all, and every replica holds the whole model (DataParallel splits the batch, never the model). PyTorch's
+documentation recommends DistributedDataParallel even on one machine (a 2021 proposal to deprecate DataParallel,
+pytorch/pytorch#65936, was not carried out). On a CPU the GIL costs little — torch's kernels release it and the
+"devices" share one memory — so this rebuild shows the bytes, not the slowdown. The math is still exact (the
 gathered outputs' loss is the whole batch's mean), so the losses match `single`.
 """
 from __future__ import annotations

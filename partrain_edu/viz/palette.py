@@ -1,4 +1,4 @@
-"""One colour language for every figure in the course (DESIGN.md, STYLE.md): the same thing is always the
+"""One colour language for every figure in the course (docs/figures.md): the same thing is always the
 same colour — model states and activations, forward / backward / weight-gradient work, and each rank."""
 
 # What lives in memory

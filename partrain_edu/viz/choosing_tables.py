@@ -1,0 +1,66 @@
+"""Printed tables for notebook 08 (choosing a strategy): the planner beside the source notes' rules of thumb,
+and strategies timed on the emulated device with their model FLOPs utilisation (MFU).
+
+    from partrain_edu.viz.choosing_tables import layout_text, rules_vs_planner, mfu_table
+    rules_vs_planner(notes_rules, [("1.3B", 8), ("13B", 64)])   # notes_rules(size, gpus) -> (by layers, by GPUs)
+    mfu_table({"ddp": launch(TrainConfig(strategy="ddp", nproc=4, steps=3, device="emulated:h100"))})
+
+Everything printed comes from ``theory.planner.plan`` and from the reports of ``train.launch``; nothing here
+decides anything, it only lays the numbers out in columns.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from partrain_edu.theory.planner import GLOBAL_BATCH, Layout, assumed_shape, candidate_layouts, plan
+from partrain_edu.units import parse_size
+
+
+def layout_text(lay: Layout) -> str:
+    """'fsdp dp=64 tp=1 pp=1 ZeRO-2': a layout in one column."""
+    return f"{lay.strategy} dp={lay.dp} tp={lay.tp} pp={lay.pp} ZeRO-{lay.zero}"
+
+
+def rules_vs_planner(notes_rules: Callable[[str, int], tuple[str, str]], cases: list[tuple[str, int]],
+                     gpu_memory: str = "80GB") -> None:
+    """One row per (model size, GPUs): the notes' answers (by layers: PP or TP; by GPUs: hybrid or simple), the
+    planner's layout, and the sequences each model replica gets per step (the notes: keep ≥ 8 per device)."""
+    print(f"{'model':>5} {'GPUs':>4} {'layers':>6} | {'by layers':>10} {'by GPUs':>8} | {'planner':<28} "
+          f"{'seqs/replica':>12} {'micro-batch':>11}")
+    for size, gpus in cases:
+        by_layers, by_gpus = notes_rules(size, gpus)
+        lay = plan(size, gpus=gpus, gpu_memory=gpu_memory).layout
+        layers = assumed_shape(parse_size(size)).layers
+        print(f"{size:>5} {gpus:>4} {layers:>6} | {by_layers:>10} {by_gpus:>8} | {layout_text(lay):<28} "
+              f"{GLOBAL_BATCH // lay.dp:>12} {lay.micro_batch:>11}")
+
+
+def mfu_table(reports: dict[str, dict]) -> None:
+    """One row per emulated run: ranks, compute and step time per step (emulated ms), MFU, and what the rest
+    of the step went to — a pipeline's measured bubble beside its formula, or communication that did not hide."""
+    print(f"{'strategy':<9} {'ranks':>5} {'compute':>10} {'step':>10} {'MFU':>5}   the rest of the step")
+    for name, report in reports.items():
+        em, steps = report["emulated"], len(report["losses"])
+        compute, step = em["compute_s"] / steps, report["step_time_s"]
+        if "bubble" in em:
+            rest = f"bubble {em['bubble']['measured']:.3f} (formula {em['bubble']['formula_text']} = " \
+                   f"{em['bubble']['formula']:.3f})"
+        else:
+            rest = f"communication not hidden: {(step - compute) * 1e3:.1f} ms" if step > compute * 1.001 else "—"
+        print(f"{name:<9} {report['world_size']:>5} {compute * 1e3:>7.1f} ms {step * 1e3:>7.1f} ms "
+              f"{em['mfu']:>5.2f}   {rest}")
+
+
+def fsdp_against_choice(size: str, gpus_list: list[int], gpu_memory: str = "80GB") -> None:
+    """For each GPU count: the planner's layout, the sequences each of its replicas computes per step and its
+    step time, beside the fastest FSDP layout that fits: its split of a GPU's sequences into micro-batches, the
+    data-parallel traffic it could not hide, and its step time (the planner's estimates, in seconds)."""
+    print(f"{'GPUs':>5}  {'planner':<28} {'seqs/replica':>12} {'step':>7} | {'best FSDP':>9}: "
+          f"{'micro-batch':>11} {'not hidden':>10} {'step':>7}")
+    for gpus in gpus_list:
+        chosen = plan(size, gpus=gpus, gpu_memory=gpu_memory).layout
+        fsdp = min((lay for lay in candidate_layouts(size, gpus, gpu_memory) if lay.strategy == "fsdp"),
+                   key=lambda lay: (lay.step_time_s, lay.bytes_per_device))
+        split = f"{fsdp.micro_batch} × {fsdp.microbatches}"
+        print(f"{gpus:>5}  {layout_text(chosen):<28} {GLOBAL_BATCH // chosen.dp:>12} {chosen.step_time_s:>5.1f} s | "
+              f"{'':>9}  {split:>11} {fsdp.exposed_comm_s:>8.1f} s {fsdp.step_time_s:>5.1f} s")
