@@ -41,6 +41,14 @@ def test_ddp_overlap_saves_what_the_model_says(measured):
     assert saving == pytest.approx(model, rel=0.15)
 
 
+def test_ddp_timeline_records_when_each_bucket_finished(measured):
+    # The first bucket (the last layer's gradients, ready after one layer's backward of 2·T) finishes one
+    # all-reduce later, while backward still runs: the overlap picture must not stamp it at the end of backward.
+    timeline, per_layer = measured["ddp"]["timeline"], measured["ddp"]["per_layer"]
+    assert timeline["finished"][0] == pytest.approx(2 * 0.01 + per_layer, rel=0.1)
+    assert timeline["finished"][0] < timeline["compute_end"]
+
+
 def test_one_gigabit_ethernet_costs_what_link_time_says(measured):
     links = measured["links"]
     assert links["1gbe"] / links["infiniband"] == pytest.approx(links["model_1gbe"] / links["model_infiniband"],

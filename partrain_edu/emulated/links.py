@@ -114,10 +114,17 @@ class EmulatedFuture:
         if self.result is None:
             future = self.work.work.get_future()
             future.wait()
-            for callback in self.callbacks:        # each gets a completed future holding the previous result
-                value = callback(future)
-                future = torch.futures.Future()
-                future.set_result(value)
+            em = self.work.emulator
+            with em.lock:   # a callback runs when the op ended (DDP's timeline reads the clock), not when waited on
+                waited, em.clock = em.clock, self.work.end
+            try:
+                for callback in self.callbacks:    # each gets a completed future holding the previous result
+                    value = callback(future)
+                    future = torch.futures.Future()
+                    future.set_result(value)
+            finally:
+                with em.lock:
+                    em.clock = waited
             self.result = (future.value(),)
         return self.result[0]
 

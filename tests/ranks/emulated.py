@@ -59,11 +59,11 @@ results["slow_last"]["simulated_ratio"] = (simulate(schedule, stage_costs=[1, 1,
 K, T_LAYER, BYTES_SCALE = 4, 0.01, 4e6     # BYTES_SCALE: all-reduce time ≈ backward time
 
 
-def ddp_step(bucket_cap: int) -> tuple[float, int]:
+def ddp_step(bucket_cap: int) -> tuple[float, int, dict]:
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(H, H) for _ in range(K)])
     handles = [em.charge(layer, T_LAYER) for layer in model]
-    ddp = DistributedDataParallel(model, bucket_cap_bytes=bucket_cap)
+    ddp = DistributedDataParallel(model, bucket_cap_bytes=bucket_cap, clock=em.now)   # its timeline on the clock
     x = torch.randn(4, H)
     for _ in range(2):
         dist.barrier()
@@ -72,7 +72,7 @@ def ddp_step(bucket_cap: int) -> tuple[float, int]:
         took = (em.now() - start) / em.scale
     for h in handles:
         h.remove()
-    return took, len(ddp.buckets)
+    return took, len(ddp.buckets), ddp.timeline[-1]
 
 
 layer_bytes = (H * H + H) * 4
@@ -80,9 +80,11 @@ em.bytes_scale = BYTES_SCALE
 _, alpha, beta = em.link_of(tuple(range(p)))
 per_layer = collective_time("all_reduce", int(layer_bytes * BYTES_SCALE), p, alpha=alpha, beta=beta)
 everything = collective_time("all_reduce", int(K * layer_bytes * BYTES_SCALE), p, alpha=alpha, beta=beta)
-(bucketed, k), (single, one) = ddp_step(layer_bytes), ddp_step(K * layer_bytes)
+(bucketed, k, timeline), (single, one, _) = ddp_step(layer_bytes), ddp_step(K * layer_bytes)
 forward, backward = K * T_LAYER, 2 * K * T_LAYER
-results["ddp"] = {"buckets": [k, one], "bucketed": bucketed, "single": single,
+results["ddp"] = {"buckets": [k, one], "bucketed": bucketed, "single": single, "per_layer": per_layer,
+                  "timeline": {"compute_end": timeline["compute_end"] / em.scale,
+                               "finished": [b["finished"] / em.scale for b in timeline["buckets"]]},
                   "model_bucketed": forward + bucketed_backward_end(backward, [per_layer] * K),
                   "model_single": forward + bucketed_backward_end(backward, [everything])}
 
