@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 from partrain_edu.theory.hardware import Device, device_named
-from partrain_edu.theory.traffic import LATENCY, LINKS
+from partrain_edu.theory.traffic import LATENCY, LINKS, collective_time
 
 PREFIX = "emulated:"
 NETS = ("infiniband", "10gbe", "1gbe")
@@ -78,6 +78,11 @@ class Emulator:
             return "nvlink", LATENCY["nvlink"], self.device.nvlink
         beta = self.device.nic if self.net == "infiniband" else LINKS[self.net]
         return self.net, LATENCY[self.net], beta
+
+    def collective_seconds(self, op: str, nbytes: int, ranks) -> float:
+        """The α–β model's seconds for `op` of `nbytes` over `ranks`, on their slowest link (no bytes_scale)."""
+        _, alpha, beta = self.link_of(tuple(ranks))
+        return collective_time(op, int(nbytes), len(tuple(ranks)), alpha=alpha, beta=beta)
 
     def charge(self, module, seconds: float):
         """Charge `module`'s every forward `seconds` and its backward twice that (compute.py)."""

@@ -21,7 +21,6 @@ from typing import Callable
 import torch.distributed as dist
 
 from partrain_edu.models import TinyGPT
-from partrain_edu.theory.traffic import collective_time
 
 BUCKET_CAP = 256 * 1024          # TinyGPT's 0.87 MB of gradients in 4 buckets (notebook 02)
 ONE_BUCKET = 1 << 30             # every gradient in one bucket: it leaves when backward has ended
@@ -46,10 +45,8 @@ def timed_step(em, model, x, y, sync: Callable | None = None, repeats: int = 2) 
 def bucket_seconds(em, ddp_model) -> list[float]:
     """α–β seconds of each bucket's all-reduce of `ddp_model` (our DistributedDataParallel), at the bytes the
     emulator charges (`em.bytes_scale`) over the slowest link among the ranks."""
-    n = dist.get_world_size()
-    _, alpha, beta = em.link_of(tuple(range(n)))
-    return [collective_time("all_reduce", int(b.nbytes * em.bytes_scale), n, alpha=alpha, beta=beta)
-            for b in ddp_model.buckets]
+    ranks = range(dist.get_world_size())
+    return [em.collective_seconds("all_reduce", b.nbytes * em.bytes_scale, ranks) for b in ddp_model.buckets]
 
 
 def _rank_main() -> None:

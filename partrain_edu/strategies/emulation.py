@@ -16,7 +16,6 @@ from __future__ import annotations
 from partrain_edu.models import Block, TinyGPT
 from partrain_edu.theory.hardware import GPT_1_3B, layer_forward_flops, layer_seconds
 from partrain_edu.theory.memory import gpt_param_count
-from partrain_edu.theory.traffic import collective_time
 
 SHAPE = GPT_1_3B
 DATA_PARALLEL = ("single", "ddp", "ddp-naive", "zero1", "zero2", "zero3")
@@ -76,8 +75,7 @@ def emulate(strategy) -> None:
         if hasattr(strategy.model, "timeline"):            # our DDP: its overlap timeline on the emulated clock
             strategy.model.clock = em.now
         named = charge_tinygpt(em, strategy.model, samples)
-        _, alpha, beta = em.link_of(tuple(range(strategy.ctx.world_size)))
-        per_step = 3 * cfg.model.n_layer * layer * m + collective_time("all_reduce", named, strategy.dp,
-                                                                       alpha=alpha, beta=beta)
+        per_step = 3 * cfg.model.n_layer * layer * m + em.collective_seconds("all_reduce", named,
+                                                                             range(strategy.dp))
     if em.auto_scale:   # from the configuration only: every rank must pick the same scale
         em.scale = STEP_WALL_S / per_step
