@@ -63,7 +63,7 @@ for name, spec in list(core.CHECKS.items()):
     core.CHECKS[name] = type(spec)(name, spec.nproc, spec.arity, lambda *a: [], spec.summary)
 local_checks.reference_total = lambda *args: 0
 """
-LEFTOVER = "partrain-hostile-leftover"
+LEFTOVER = f"partrain-hostile-leftover-{os.getpid()}"  # this run's: another make test may run beside it
 LOOP_FOREVER = f"""import subprocess, sys
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "{LEFTOVER}"])  # must die with the kernel
 while True:
@@ -144,16 +144,20 @@ def sandbox_files(root: Path) -> list[Path]:
 
 
 def sandbox_processes() -> list[int]:
-    """PIDs (in this namespace) owned by the sandbox user: after grading there must be none."""
+    """PIDs (in this namespace) owned by the sandbox user and started by this checkout's grader (the sandbox's
+    PATH begins with its venv): after grading there must be none. Another checkout's make test may be grading
+    beside this one as the same user."""
     uid = pwd.getpwnam(USER).pw_uid
+    ours = f"PATH={Path(sys.executable).parent}:".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 owner = next(line for line in (entry / "status").read_text().splitlines() if line.startswith("Uid:"))
+                environ = (entry / "environ").read_bytes().split(b"\0")
             except (OSError, StopIteration):
                 continue
-            if int(owner.split()[1]) == uid:
+            if int(owner.split()[1]) == uid and any(var.startswith(ours) for var in environ):
                 found.append(int(entry.name))
     return found
 

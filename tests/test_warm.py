@@ -252,6 +252,18 @@ class Kernel:
         self.manager.cleanup_resources()
 
 
+# Rank 0 says "waiting" only once its main thread is inside all_reduce: a SIGINT that arrived while it was still
+# in Python would stop it (KeyboardInterrupt), which on a loaded machine made the stuck case below flaky.
+ANNOUNCE_ONCE_IN_ALL_REDUCE = """    import sys, threading, time
+    def announce(main=threading.get_ident()):
+        while sys._current_frames()[main].f_code.co_name != 'all_reduce':
+            time.sleep(0.01)
+        time.sleep(0.2)  # from all_reduce's Python frame into Gloo's wait
+        print('waiting', flush=True)
+    threading.Thread(target=announce, daemon=True).start()
+"""
+
+
 def test_in_a_notebook_kernel_dist_cells_keep_state_and_nothing_outlives_the_kernel():
     marker, env = new_marker()
     tmp = Path(tempfile.mkdtemp(prefix="warm_test_"))  # short: the pool's socket path must fit in 107 bytes
@@ -271,7 +283,7 @@ def test_in_a_notebook_kernel_dist_cells_keep_state_and_nothing_outlives_the_ker
                 interrupted.append(kernel.manager.interrupt_kernel())
 
         interrupted: list = []
-        stuck = kernel.execute("%%dist\nif rank == 0:\n    print('waiting', flush=True)\n"
+        stuck = kernel.execute("%%dist\nif rank == 0:\n" + ANNOUNCE_ONCE_IN_ALL_REDUCE +
                                "    dist.all_reduce(torch.ones(1))", on_display=interrupt_once_waiting)
         assert interrupted and stuck["error"]["ename"] == "DistInterrupted"
         assert len(stuck["error"]["traceback"]) == 1, stuck["error"]["traceback"]  # one line, no kernel stack
