@@ -53,9 +53,11 @@ for fd in range(3, 256):  # every channel this process might hold, the grader's 
     except OSError:
         pass
 """
-PATCH_GRADER = """import partrain_edu.grading as grading
-import partrain_edu.grading.core as core
-import partrain_edu.grading.local_checks as local_checks
+# Written to get past the import check (imports.py stops the honest shortcut, not this): the grader's own
+# verdicts are what must hold.
+PATCH_GRADER = """import sys
+grading, core = (sys.modules["partrain_edu" + name] for name in (".grading", ".grading.core"))
+local_checks = sys.modules.get("partrain_edu" + ".grading.local_checks") or grading
 forged = lambda name, *objects, **kw: core.CheckResult(name, True, f"✓ {name} passed")
 core.run_check = grading.run_check = forged
 core.graded = lambda spec, run: core.CheckResult(spec.name, True, f"✓ {spec.name} passed")
@@ -69,8 +71,8 @@ subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "{LEFTOV
 while True:
     pass
 """
-EDIT_PACKAGE = f"""import os, partrain_edu
-package = os.path.dirname(partrain_edu.__file__)
+EDIT_PACKAGE = f"""import os, sys
+package = os.path.dirname(sys.modules["partrain_edu"].__file__)
 for path, text in [(os.path.join(package, "grading", "core.py"), "\\nrun_check = lambda *a, **k: None\\n"),
                    (os.path.join(package, "tampered_by_submission.py"), "x = 1\\n"),
                    ({str(SITE_PTH)!r}, "import os\\n")]:
@@ -274,15 +276,16 @@ def test_check_refuses_a_csv_in_a_missing_folder_before_grading(capsys):
 
 RING = "01_ring_all_reduce"
 FORGE_VERDICT = """def ring_all_reduce(tensor, group=None):
-    from partrain_edu import runtime; runtime.publish("grading", {0: [], 1: [], 2: []}); import os; os._exit(0)
+    import os, sys; runtime = sys.modules["partrain_edu" + ".runtime"]
+    runtime.publish("grading", {0: [], 1: [], 2: []}); os._exit(0)
 """
 # Clean-looking observations: the right shapes, no collective, the ring's byte counts; but the values are what a
 # rank holds without talking to the others (its own tensor), not the sum the grader computes itself.
 FORGE_OBSERVATIONS = """def ring_all_reduce(tensor, group=None):
-    import json, os
+    import json, os, sys
     import torch
-    from partrain_edu import runtime
-    from partrain_edu.parallel.ring import ring_bytes_sent_by
+    runtime, ring = (sys.modules["partrain_edu" + name] for name in (".runtime", ".parallel.ring"))
+    ring_bytes_sent_by = ring.ring_bytes_sent_by
     runs = [{"out": {"shape": [n], "values": torch.randn(n, generator=torch.Generator().manual_seed(100 * n))
                      .tolist()}, "ops": {"isend": 4, "irecv": 4}, "sent": ring_bytes_sent_by(0, n, 4, 3),
              "bytes": {}} for n in (12, 7, 2)]
@@ -290,15 +293,15 @@ FORGE_OBSERVATIONS = """def ring_all_reduce(tensor, group=None):
     os._exit(0)
 """
 FORGE_STRINGS = """def ring_all_reduce(tensor, group=None):
-    import json, os
-    from partrain_edu import runtime
+    import json, os, sys
+    runtime = sys.modules["partrain_edu" + ".runtime"]
     run = {"out": {"shape": [12], "values": ["1.0"] * 12}, "ops": "none", "sent": "64"}
     runtime.publish("observations", json.dumps([[run] * 3] * 3))
     os._exit(0)
 """
 FORGE_HUGE = """def ring_all_reduce(tensor, group=None):
-    import json, os
-    from partrain_edu import runtime
+    import json, os, sys
+    runtime = sys.modules["partrain_edu" + ".runtime"]
     runtime.publish("observations", json.dumps([[{"out": {"shape": [12], "values": [0.5] * 10**6}}]] * 3))
     os._exit(0)
 """

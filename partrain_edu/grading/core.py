@@ -68,7 +68,8 @@ def register(name: str, *, nproc: int = 0, arity: int = 1, summary: str, deadloc
 
 def _load_checks() -> None:
     # Importing registers the checks; done lazily so `import partrain_edu.grading` stays light.
-    from partrain_edu.grading import local_checks, rank_verify  # noqa: F401
+    from partrain_edu.grading import checks, local_checks, rank_verify  # noqa: F401
+    checks.load_all()
 
 
 def check_names() -> list[str]:
@@ -97,12 +98,37 @@ def run_check(name: str, *objects: Any, timeout: float | None = None) -> CheckRe
     """Grade without raising: the CheckResult of check `name` on the learner's `objects`."""
     spec = spec_of(name, len(objects))
     limit = timeout or DEFAULT_TIMEOUT_S
+    refused = course_imports(objects)
+    if refused:
+        return graded(spec, lambda: [refused])
     if spec.nproc == 0:
         def run() -> list[str]:
             with time_limit(limit, name):
                 return spec.fn(*objects)
         return graded(spec, run)
     return graded(spec, lambda: _run_on_ranks(spec, objects, limit))
+
+
+def course_imports(objects: tuple) -> str | None:
+    """Why the learner's functions may not be graded because they are or use the course's own implementation
+    (imports.py), or None."""
+    from partrain_edu.grading.imports import allowed, allowed_text, refusal, refusal_of
+
+    for obj in objects:
+        name = getattr(obj, "name", None) or getattr(obj, "__name__", "your function")
+        if isinstance(obj, Source):
+            found = refusal(obj.text, name)
+        elif not allowed(getattr(obj, "__module__", None) or "", name):
+            found = f"{name} is the course's own ({obj.__module__}.{name}): {allowed_text()}"
+        else:
+            try:
+                found = refusal(source_of(obj).text, name)
+            except LearnerError:
+                found = None  # no source (a lambda): said by the check itself where it needs one
+            found = found or refusal_of(obj, name)
+        if found:
+            return found
+    return None
 
 
 def graded(spec: _Check, run: Callable[[], list[str]]) -> CheckResult:

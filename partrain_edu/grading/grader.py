@@ -25,6 +25,7 @@ from typing import Any
 from partrain_edu.grading.channel import Channel, Closed
 from partrain_edu.grading.core import (DEFAULT_TIMEOUT_S, CheckResult, LearnerError, Source, graded, spec_of,
                                        time_limit, unanswered)
+from partrain_edu.grading.imports import refusal
 from partrain_edu.grading.manifest import EXERCISES
 from partrain_edu.grading.notebook import NotANotebook, code_cells
 from partrain_edu.grading.observations import verify
@@ -126,7 +127,7 @@ def _rank_check(isolation: Isolation, spec, sources: list[Source], deadline: flo
     """The problems of multi-rank check `spec` on `sources`: observed on ranks started by a fresh sandboxed
     runner, verified here."""
     for source in sources:
-        message = unanswered(source)
+        message = unanswered(source) or refusal(source.text, source.name)
         if message is not None:  # no ranks needed to say so
             return [message]
     limit = min(DEFAULT_TIMEOUT_S, deadline - time.monotonic() - STOP_GRACE_S)
@@ -176,6 +177,9 @@ def _grade(path: Path, exercise: str | None, isolation: Isolation, timeout: floa
         cells = code_cells(path)
     except NotANotebook as err:
         return _report(path, exercise, [_failed(specs[name], str(err)) for name, _ in owed], start)
+    refused = next(filter(None, (refusal(text, f"cell {number}") for number, text in cells)), None)
+    if refused:  # a notebook that imports the course's implementation is graded on none of its checks
+        return _report(path, exercise, [_failed(specs[name], refused) for name, _ in owed], start)
     results: dict[str, CheckResult] = {}
     sources: dict[str, list[Source]] = {}
     with isolation.folder() as work:
@@ -187,6 +191,14 @@ def _grade(path: Path, exercise: str | None, isolation: Isolation, timeout: floa
                 if failure:
                     results[name] = _failed(specs[name], failure)
                 elif specs[name].nproc == 0:
+                    try:
+                        texts = [kernel.source(f, deadline) for f in functions]
+                        refused = next(filter(None, (refusal(t.text, t.name) for t in texts)), None)
+                    except LearnerError as err:
+                        refused = str(err)
+                    if refused:
+                        results[name] = _failed(specs[name], refused)
+                        continue
                     check_deadline = min(deadline, time.monotonic() + DEFAULT_TIMEOUT_S)
                     learner = [_Function(kernel, f, name, check_deadline) for f in functions]
                     results[name] = graded(specs[name], lambda: _in_time(specs[name], learner, check_deadline))

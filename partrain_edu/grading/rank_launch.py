@@ -57,8 +57,11 @@ def explain_failure(err, spec, timeout: float, sources: list[Source]) -> str:
         return (f"{where}: timed out (limit {timeout:g} s) — the ranks waited on each other forever. "
                 f"{spec.deadlock_hint or 'Every rank must make the same calls in the same order.'}")
     mine = learner_frames(tb, sources)
-    hint = (" — only your function's own source travels to the ranks: define any helper inside it (torch, dist, "
-            "nn, F, math and chunk_bounds are there)" if last[0].startswith("NameError") else "")
+    hint = ""
+    if last[0].startswith("NameError"):
+        from partrain_edu.grading.rank_observe import namespace_for
+        hint = (" — only your function's own source travels to the ranks: define any helper inside it "
+                f"({', '.join(namespace_for(spec.name))} are there)")
     return (f"{where} raised {last[0].strip()}{hint}"
             + (f"\n{textwrap.indent(mine[-1500:], '      ')}" if mine else ""))
 

@@ -40,13 +40,18 @@ def tensor(value: Any) -> dict:
 
 
 def traffic(tracer: CommTracer) -> dict:
-    """{"ops": {op: calls}, "sent": bytes sent under the ring model, "bytes": {op: payload bytes}}."""
+    """{"ops": {op: calls}, "sent": bytes sent under the ring model, "bytes": {op: payload bytes},
+    "peers": {op: [global ranks it talked to (p2p) or rooted at, sorted]}}."""
     ops: dict[str, int] = {}
     payload: dict[str, int] = {}
+    peers: dict[str, set] = {}
     for r in tracer.records:
         ops[r.op] = ops.get(r.op, 0) + 1
         payload[r.op] = payload.get(r.op, 0) + r.bytes
-    return {"ops": ops, "sent": sum(r.sent for r in tracer.records), "bytes": payload}
+        if r.peer is not None:
+            peers.setdefault(r.op, set()).add(r.peer)
+    return {"ops": ops, "sent": sum(r.sent for r in tracer.records), "bytes": payload,
+            "peers": {op: sorted(ranks) for op, ranks in peers.items()}}
 
 
 def ring_all_reduce(ctx, ring_all_reduce) -> list[dict]:
@@ -139,6 +144,25 @@ def tp_mlp(ctx, parallel_mlp) -> dict:
 
 OBSERVE: dict[str, Callable] = {"ring_all_reduce": ring_all_reduce, "ddp_buckets": ddp_buckets,
                                 "zero1_step": zero1_step, "tp_f_g": tp_f_g, "tp_mlp": tp_mlp}
+GIVEN: dict[str, dict[str, Any]] = {"ring_all_reduce": {"chunk_bounds": chunk_bounds}}
+BASE = {"torch": torch, "dist": dist, "nn": nn, "F": F, "math": math}  # what every learner function may use
+
+
+def observer(name: str, **given: Any) -> Callable:
+    """Register `fn(ctx, *learner_functions) -> observations` as check `name`'s observe half; `given` are the
+    helpers (givens/) the learner's functions may call on the ranks, besides BASE."""
+    def wrap(fn: Callable) -> Callable:
+        OBSERVE[name], GIVEN[name] = fn, given
+        return fn
+    return wrap
+
+
+def namespace_for(check: str) -> dict[str, Any]:
+    """The globals a learner's function of check `check` runs with on the ranks."""
+    from partrain_edu.grading import checks
+
+    checks.load_all()
+    return {**BASE, **GIVEN.get(check, {})}
 
 
 def main() -> None:
@@ -149,7 +173,7 @@ def main() -> None:
     with open(sys.argv[1]) as f:
         job = json.load(f)
     ctx = runtime.init()
-    namespace = {"torch": torch, "dist": dist, "nn": nn, "F": F, "math": math, "chunk_bounds": chunk_bounds}
+    namespace = namespace_for(job["check"])
     functions = []
     for source, name in zip(job["sources"], job["names"]):
         exec(compile(source, f"<your {name}>", "exec"), namespace)
