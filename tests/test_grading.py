@@ -14,24 +14,12 @@ from partrain_edu.grading.rank_observe import OBSERVE, namespace_for
 # Learners' answers, written out: the course's own references would be refused (imports.py).
 def state_bytes(params, dp, zero):
     shard = -(-params // dp)
-    return 2 * (shard if zero >= 3 else params) + 2 * (shard if zero >= 2 else params) + 12 * (shard if zero else params)
+    weights, grads = 2 * (shard if zero >= 3 else params), 2 * (shard if zero >= 2 else params)
+    return weights + grads + 12 * (shard if zero else params)
 
 
 def lowest_stage(params, dp, device_bytes):
     return next((z for z in range(4) if state_bytes(params, dp, z) <= device_bytes), None)
-
-
-def coords(rank, dp, tp, pp):
-    return (rank // tp) % dp, rank % tp, rank // (tp * dp)
-
-
-def groups(dp, tp, pp):
-    found = {"dp": {}, "tp": {}, "pp": {}}
-    for rank in range(dp * tp * pp):
-        d, t, p = coords(rank, dp, tp, pp)
-        for kind, key in (("dp", (t, p)), ("tp", (d, p)), ("pp", (d, t))):
-            found[kind].setdefault(key, []).append(rank)
-    return {kind: sorted(v.values()) for kind, v in found.items()}
 
 
 def one_f_one_b(p, m):
@@ -47,7 +35,7 @@ def one_f_one_b(p, m):
 
 def test_references_pass_and_print(capsys):
     for name, fn in [("model_state_bytes", state_bytes), ("zero_stage", lowest_stage),
-                     ("one_f_one_b", one_f_one_b), ("coords_3d", coords), ("groups_3d", groups)]:
+                     ("one_f_one_b", one_f_one_b)]:
         check(name, fn)
         assert f"✓ {name} passed" in capsys.readouterr().out
 
@@ -65,9 +53,6 @@ def test_references_pass_and_print(capsys):
      "deadlocks"),
     ("one_f_one_b", lambda p, m: [a[:-1] for a in one_f_one_b(p, m)], "off by one at the warm-up or cool-down"),
     ("one_f_one_b", lambda p, m: one_f_one_b(p, m)[:-1], "expected a list of 4 per-stage lists"),
-    ("coords_3d", lambda r, dp, tp, pp: (r % dp, (r // dp) % tp, r // (dp * tp)), "tensor-parallel ranks vary fastest"),
-    ("groups_3d", lambda dp, tp, pp: {k: v for k, v in groups(tp, dp, pp).items()}, "groups expected"),
-    ("groups_3d", lambda dp, tp, pp: [], "expected a dict with keys"),
 ])
 def test_wrong_answers_are_caught(name, wrong, words):
     result = run_check(name, wrong)
@@ -81,7 +66,7 @@ def test_not_implemented_and_crashes_are_failures_not_errors():
     def todo(*args):
         raise NotImplementedError("write your answer here, then run the check below")
 
-    result = run_check("coords_3d", todo)
+    result = run_check("groups_inside_node", todo)
     assert not result.passed and "not implemented yet: write your answer here" in result.message
     result = run_check("one_f_one_b", lambda p, m: 1 / 0)
     assert not result.passed and "ZeroDivisionError" in result.message
@@ -101,12 +86,15 @@ def test_a_failed_check_in_ipython_shows_only_the_learners_problem_lines(capsys)
 
     shell = InteractiveShell.instance()
     result = shell.run_cell("from partrain_edu.grading import check\n"
-                            "check('coords_3d', lambda r, dp, tp, pp: (0, 0, 0))", store_history=False)
+                            "check('groups_inside_node', lambda dp, tp, pp, g: {'tp': True, 'dp': False, "
+                            "'pp': False})", store_history=False)
     assert isinstance(result.error_in_exec, AssertionError)  # still an AssertionError for pytest and nbval
     shown = capsys.readouterr().out
-    assert shown.splitlines()[:2] == ["✗ coords_3d failed:", "  - dp=2, tp=2, pp=2, rank 1: expected (dp_rank, "
-                                      "tp_rank, pp_rank) = (0, 1, 0), got (0, 0, 0). Hint: rank = tp_rank + "
-                                      "tp·(dp_rank + dp·pp_rank) — tensor-parallel ranks vary fastest"], shown
+    assert shown.splitlines()[:2] == ["✗ groups_inside_node failed:", "  - dp=2, tp=4, pp=8 on 8-GPU nodes (64 "
+                                      "GPUs): dp groups expected inside one node, got crossing: e.g. dp group "
+                                      "[59, 63] is all on node 7. Hint: rank = tp_rank + tp·(dp_rank + dp·pp_rank), "
+                                      "so dp ranks are tp = 4 apart: a dp group stretches over tp·dp = 8 "
+                                      "consecutive ranks, and a node holds 8"], shown
     assert "Traceback" not in shown and "core.py" not in shown and "File " not in shown, shown
 
 

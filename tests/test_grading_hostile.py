@@ -215,7 +215,8 @@ def test_hostile_folder_is_graded_row_by_row_in_the_sandbox(folder, tmp_path):
     assert [c["name"] for c in report["check-deleting"]["checks"]] == ["model_state_bytes", "zero_stage"]
     assert "not implemented yet" in reasons("check-deleting")
     assert "not implemented yet" in reasons("run-check-patching")
-    assert "expected 120,000,000,000 bytes, got 0" in reasons("log-forging")  # its forged replies: just wrong answers
+    # its forged replies answer the grader's first request (the functions' source, for the import check): a failure
+    assert "could not read the source of 'model_state_bytes'" in reasons("log-forging")
     assert f"did not finish within its {LIMIT_S} s (cell 9 was still running" in reasons("endless-loop")
     assert "exited with code 1 during cell 9" in reasons("os-exit")
     assert "not JSON" in reasons("corrupt-empty") and "not JSON" in reasons("corrupt-truncated")
@@ -286,9 +287,9 @@ FORGE_OBSERVATIONS = """def ring_all_reduce(tensor, group=None):
     import torch
     runtime, ring = (sys.modules["partrain_edu" + name] for name in (".runtime", ".parallel.ring"))
     ring_bytes_sent_by = ring.ring_bytes_sent_by
-    runs = [{"out": {"shape": [n], "values": torch.randn(n, generator=torch.Generator().manual_seed(100 * n))
-                     .tolist()}, "ops": {"isend": 4, "irecv": 4}, "sent": ring_bytes_sent_by(0, n, 4, 3),
-             "bytes": {}} for n in (12, 7, 2)]
+    runs = [{"out": {"shape": [n], "values": (1 + 8 * torch.arange(n)).tolist()},  # rank 0's own tensor
+             "ops": {"isend": 4, "irecv": 4}, "sent": ring_bytes_sent_by(0, n, 4, 3), "bytes": {},
+             "peers": {"isend": [1], "irecv": [2]}} for n in (12, 7, 2)]
     runtime.publish("observations", json.dumps([runs] * 3))
     os._exit(0)
 """
@@ -309,7 +310,7 @@ FORGE_HUGE = """def ring_all_reduce(tensor, group=None):
 
 @pytest.mark.parametrize("body, words", [
     (FORGE_VERDICT, "the ranks finished without reporting their observations"),
-    (FORGE_OBSERVATIONS, "length 12 on 3 ranks: 12 of 12 values differ"),
+    (FORGE_OBSERVATIONS, "Element 0 holds the sum of rank(s) [0] (rank(s) [1, 2] never added)"),
     (FORGE_STRINGS, "holds something that is not a number"),
     (FORGE_HUGE, "the ranks published over 1 MiB of observations"),
 ], ids=["verdict", "observations", "strings", "huge"])
@@ -327,7 +328,8 @@ def test_a_function_body_that_forges_the_ranks_report_fails(tmp_path, body, word
 def _reference_ring(n: int = 3) -> list:
     """What honest ranks observe in check ring_all_reduce: the sums, point-to-point only, the ring's bytes."""
     return [[{"out": {"shape": [k], "values": sum(ring_input(k, q) for q in range(n)).tolist()},
-              "ops": {"isend": 4, "irecv": 4}, "sent": ring_bytes_sent_by(r, k, 4, n), "bytes": {}}
+              "ops": {"isend": 4, "irecv": 4}, "sent": ring_bytes_sent_by(r, k, 4, n), "bytes": {},
+              "peers": {"isend": [(r + 1) % n], "irecv": [(r - 1) % n]}}
              for k in RING_LENGTHS] for r in range(n)]
 
 

@@ -89,6 +89,99 @@ def zero1_all_reduce(param, grad, momentum, group=None, lr=0.1, beta=0.9):
     param.copy_(gathered)
 
 
+def ring_reversed(tensor, group=None):
+    # right values and bytes, wrong direction: every rank sends left and receives from the right
+    n, me = dist.get_world_size(group), dist.get_rank(group)
+    flat = tensor.view(-1)
+    bounds = chunk_bounds(flat.numel(), n)  # noqa: F821 - given on the ranks
+    for phase in ("reduce", "gather"):
+        for step in range(n - 1):
+            send = (me + step + 1) % n if phase == "reduce" else (me + step) % n
+            recv = (send + 1) % n
+            incoming = torch.empty(bounds[recv][1] - bounds[recv][0])
+            works = [dist.irecv(incoming, src=(me + 1) % n)] if incoming.numel() else []
+            if bounds[send][1] > bounds[send][0]:
+                works.append(dist.isend(flat[bounds[send][0]:bounds[send][1]], dst=(me - 1) % n))
+            for w in works:
+                w.wait()
+            if phase == "reduce":
+                flat[bounds[recv][0]:bounds[recv][1]] += incoming
+            else:
+                flat[bounds[recv][0]:bounds[recv][1]] = incoming
+    return tensor
+
+
+def ddp_all_at_the_end(params, cap_bytes, group=None):
+    # right buckets and bytes, no overlap: nothing leaves before backward has produced every gradient
+    params = [p for p in params if p.requires_grad]
+    buckets, current = [], []
+    for p in reversed(params):
+        current.append(p)
+        if sum(q.numel() * q.element_size() for q in current) >= cap_bytes:
+            buckets.append(current)
+            current = []
+    buckets += [current] if current else []
+    queued = []
+
+    def at_the_end():
+        queued.clear()
+        for bucket in buckets:
+            flat = torch.cat([q.grad.reshape(-1) for q in bucket])
+            dist.all_reduce(flat)
+            flat /= dist.get_world_size()
+            offset = 0
+            for q in bucket:
+                q.grad.copy_(flat[offset:offset + q.numel()].view_as(q))
+                offset += q.numel()
+
+    def hook(p):
+        if not queued:
+            queued.append(torch.autograd.Variable._execution_engine.queue_callback(at_the_end))
+
+    for p in params:
+        p.register_post_accumulate_grad_hook(hook)
+
+
+def ddp_blocking(params, cap_bytes, group=None):
+    # launched on time, but each all-reduce blocks backward inside the hook
+    params = [p for p in params if p.requires_grad]
+    buckets, current = [], []
+    for p in reversed(params):
+        current.append(p)
+        if sum(q.numel() * q.element_size() for q in current) >= cap_bytes:
+            buckets.append(current)
+            current = []
+    buckets += [current] if current else []
+    for bucket in buckets:
+        ready = set()
+
+        def hook(p, bucket=bucket, ready=ready):
+            ready.add(id(p))
+            if len(ready) == len(bucket):
+                ready.clear()
+                flat = torch.cat([q.grad.reshape(-1) for q in bucket])
+                dist.all_reduce(flat)
+                flat /= dist.get_world_size()
+                offset = 0
+                for q in bucket:
+                    q.grad.copy_(flat[offset:offset + q.numel()].view_as(q))
+                    offset += q.numel()
+        for p in bucket:
+            p.register_post_accumulate_grad_hook(hook)
+
+
+def zero1_full_momentum(param, grad, momentum, group=None, lr=0.1, beta=0.9):
+    # ZeRO-1's bytes (one all-reduce = reduce-scatter + all-gather), but every rank keeps the full momentum
+    n, me = dist.get_world_size(), dist.get_rank()
+    state = zero1_full_momentum.__dict__.setdefault("m", torch.zeros_like(param))
+    total = grad.clone()
+    dist.all_reduce(total)
+    state.mul_(beta).add_(total / n)
+    param -= lr * state
+    shard = param.numel() // n
+    momentum.copy_(state[me * shard:(me + 1) * shard])
+
+
 def identity(x, group=None):
     return x
 
@@ -109,6 +202,10 @@ def mlp_bias_every_rank(x, w1, b1, w2, b2, group, f, g):
 
 CASES = [
     ("ring_all_reduce", [ring_uneven_chunks], 60, "length 7 on 3 ranks"),
+    ("ring_all_reduce", [ring_reversed], 60, "rank 0 sent to rank(s) [2] and received from [1]; in a ring"),
+    ("ddp_buckets", [ddp_all_at_the_end], 60, "no bucket's all-reduce had left when the last gradient"),
+    ("ddp_buckets", [ddp_blocking], 60, "blocked inside the hook, stalling backward: pass async_op=True"),
+    ("zero1_step", [zero1_full_momentum], 60, "ZeRO-1 reduce-scatters the gradients"),
     ("ring_all_reduce", [ring_receive_first], 15, "timed out (limit 15 s)"),
     ("ddp_buckets", [ddp_sum_not_mean], 60, "Missing average: divide the summed bucket by the world size 2"),
     ("ddp_buckets", [ddp_per_parameter], 60, "one per parameter is what buckets avoid"),

@@ -57,3 +57,10 @@ def test_each_chapter_ends_with_a_link_to_its_exercise(chapter):
     exercise = next((ROOT / "exercises").glob(EXERCISE_OF[chapter] + "*.ipynb"))
     assert re.search(rf"\]\(\.\./exercises/{re.escape(exercise.name)}\)", tail), \
         f"{path.name}: the last cells should link to ../exercises/{exercise.name}"
+
+
+def test_every_exercise_is_linked_from_a_chapter():
+    text = "".join("".join(c["source"]) for path in NOTEBOOKS for c in cells(path) if c["cell_type"] == "markdown")
+    linked = set(re.findall(r"\]\(\.\./exercises/([0-9a-z_]+\.ipynb)\)", text))
+    exercises = {p.name for p in (ROOT / "exercises").glob("*.ipynb")}
+    assert len(exercises) >= 12 and exercises <= linked, f"no chapter links to {sorted(exercises - linked)}"

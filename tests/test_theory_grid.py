@@ -5,7 +5,7 @@ import itertools
 import pytest
 from hypothesis import given, strategies as st
 
-from partrain_edu.grading.local_checks import reference_coords, reference_groups
+from partrain_edu.grading.checks.placement_3d import expected_groups, inside_node
 from partrain_edu.theory import grid
 from partrain_edu.theory.planner import link_of
 
@@ -33,12 +33,15 @@ def test_rank_of_inverts_coordinates_and_groups_partition_the_world(pp, dp, tp, 
 
 
 def test_exercise_7_grader_and_planner_use_the_same_grid():
-    for rank in range(8):
-        c = grid.coordinates(rank, SIZES)
-        assert reference_coords(rank, dp=2, tp=2, pp=2) == (c["dp"], c["tp"], c["pp"])
-    assert reference_groups(dp=2, tp=2, pp=2) == {d: grid.group_ranks(d, SIZES) for d in ("dp", "tp", "pp")}
+    assert expected_groups("dp", dp=2, tp=4, pp=1) == [[0, 4], [1, 5], [2, 6], [3, 7]]  # dp ranks tp apart
+    assert expected_groups("pp", dp=2, tp=1, pp=4) == [[0, 2, 4, 6], [1, 3, 5, 7]]      # pp ranks tp·dp apart
     # 4 GPUs per node: one node holds a tp group (2 ranks) and a dp group's block (4); pp crosses nodes
     assert [link_of(d, SIZES, 4, "infiniband") for d in ("tp", "dp", "pp")] == ["nvlink", "nvlink", "infiniband"]
+    for dp, tp, pp, per_node in [(2, 2, 2, 4), (4, 8, 2, 8), (2, 4, 8, 8), (9, 8, 4, 72)]:
+        sizes = {"pp": pp, "dp": dp, "tp": tp}
+        inside = inside_node(dp, tp, pp, per_node)
+        assert [link_of(d, sizes, per_node, "infiniband") == "nvlink" for d in ("tp", "dp", "pp")] == \
+            [inside[d] for d in ("tp", "dp", "pp")]
 
 
 def test_bad_sizes_name_the_fix():

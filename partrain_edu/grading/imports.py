@@ -77,6 +77,14 @@ def _python(cell: str) -> str:
     return TransformerManager().transform_cell(cell)
 
 
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # a closure variable not assigned yet
+        return False
+    return True
+
+
 def _names(code: types.CodeType) -> set[str]:
     found = set(code.co_names)
     for const in code.co_consts:
@@ -86,14 +94,16 @@ def _names(code: types.CodeType) -> set[str]:
 
 
 def refusal_of(fn: Any, where: str, _seen: set | None = None) -> str | None:
-    """`refusal` for the course objects a live function's global names resolve to, following the learner's
-    own helpers (functions defined in the same notebook or module) one call deeper each."""
+    """`refusal` for the course objects a live function's global and closure names resolve to, following the
+    learner's own helpers (functions defined in the same notebook or module) one call deeper each."""
     code, scope = getattr(fn, "__code__", None), getattr(fn, "__globals__", None)
     seen = _seen if _seen is not None else set()
     if code is None or scope is None or id(fn) in seen:
         return None
     seen.add(id(fn))
-    for name in sorted(_names(code)):
+    closure = {n: c.cell_contents for n, c in zip(code.co_freevars, fn.__closure__ or ()) if _filled(c)}
+    scope = {**scope, **closure}
+    for name in sorted(_names(code) | set(closure)):
         if name not in scope:
             continue
         value = scope[name]

@@ -1,14 +1,11 @@
-"""In-process checks (pure Python, instant): model-state memory and the ZeRO stage that fits, a 1F1B schedule
-generator, and the 3D-parallel rank → coordinates / process groups map.
+"""In-process checks (pure Python, instant): model-state memory and the ZeRO stage that fits, and a 1F1B
+schedule generator. (Exercise 7's placement checks live in `checks/placement_3d.py`.)
 
-Each returns a list of problems (empty = pass). References come from `partrain_edu.theory` where the toolkit
-has one (memory, schedules); the 3D layout reference is written here (Megatron-LM's order: tensor-parallel
-ranks adjacent, then data-parallel, then pipeline — `rank = tp_rank + tp·(dp_rank + dp·pp_rank)`).
+Each returns a list of problems (empty = pass). References come from `partrain_edu.theory` (memory, schedules).
 """
 from __future__ import annotations
 
 from partrain_edu.grading.core import register
-from partrain_edu.theory import grid
 from partrain_edu.theory.memory import model_state_bytes as reference_state_bytes
 from partrain_edu.theory.schedules import Action, Schedule, build_schedule, simulate
 
@@ -111,48 +108,3 @@ def one_f_one_b_check(one_f_one_b) -> list[str]:
                     f"= (p−1)/(m+p−1) with t_B = 2 t_F"]
     return []
 
-
-# --- 3D parallelism: rank → coordinates and process groups --------------------------------------------------
-
-MESHES = [(2, 2, 2), (2, 4, 1), (1, 2, 4), (3, 2, 2)]  # (dp, tp, pp)
-
-
-def reference_coords(rank: int, dp: int, tp: int, pp: int) -> tuple[int, int, int]:
-    """(dp_rank, tp_rank, pp_rank) from the course's one rank grid (`theory.grid`: pp outermost, tp innermost)."""
-    c = grid.coordinates(rank, {"pp": pp, "dp": dp, "tp": tp})
-    return c["dp"], c["tp"], c["pp"]
-
-
-def reference_groups(dp: int, tp: int, pp: int) -> dict[str, list[list[int]]]:
-    """Each kind's groups: ranks that differ only in that coordinate, sorted."""
-    return {kind: grid.group_ranks(kind, {"pp": pp, "dp": dp, "tp": tp}) for kind in ("dp", "tp", "pp")}
-
-
-@register("coords_3d", summary="rank → (dp, tp, pp) coordinates match Megatron-LM's order on 4 meshes")
-def coords_check(rank_to_coords) -> list[str]:
-    for dp, tp, pp in MESHES:
-        for rank in range(dp * tp * pp):
-            want, got = reference_coords(rank, dp, tp, pp), rank_to_coords(rank, dp, tp, pp)
-            if not isinstance(got, (list, tuple)) or tuple(got) != want:
-                return [f"dp={dp}, tp={tp}, pp={pp}, rank {rank}: expected (dp_rank, tp_rank, pp_rank) = {want}, "
-                        f"got {got!r}. Hint: rank = tp_rank + tp·(dp_rank + dp·pp_rank) — tensor-parallel "
-                        "ranks vary fastest"]
-    return []
-
-
-@register("groups_3d", summary="the dp, tp and pp process groups match Megatron-LM's on 4 meshes; every rank "
-          "is in exactly one group of each kind")
-def groups_check(process_groups) -> list[str]:
-    for dp, tp, pp in MESHES:
-        want, got = reference_groups(dp, tp, pp), process_groups(dp, tp, pp)
-        if not isinstance(got, dict) or set(got) != {"dp", "tp", "pp"}:
-            return [f"dp={dp}, tp={tp}, pp={pp}: expected a dict with keys 'dp', 'tp', 'pp', got {got!r}"]
-        for kind in ("dp", "tp", "pp"):
-            mine = sorted(sorted(int(r) for r in g) for g in got[kind])
-            members = sorted(r for g in mine for r in g)
-            if members != list(range(dp * tp * pp)):
-                return [f"dp={dp}, tp={tp}, pp={pp}: your {kind} groups {mine} do not hold every rank exactly once"]
-            if mine != want[kind]:
-                return [f"dp={dp}, tp={tp}, pp={pp}: {kind} groups expected {want[kind]}, got {mine}. Hint: a {kind} "
-                        f"group is the ranks whose other two coordinates are equal"]
-    return []

@@ -26,7 +26,28 @@ EXERCISES: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
         ('one_f_one_b', ('one_f_one_b',)),
     ),
     '07_3d_parallel': (
-        ('coords_3d', ('rank_to_coords',)),
-        ('groups_3d', ('process_groups',)),
+        ('groups_inside_node', ('groups_inside_node',)),
+        ('build_groups', ('build_groups',)),
+    ),
+    '08_zero3_unit': (
+        ('zero3_unit', ('fsdp_step',)),
+    ),
+    '09_sharded_optimizer': (
+        ('sharded_optimizer', ('make_sharded_optimizer',)),
+    ),
+    '10_activation_checkpointing': (
+        ('activation_checkpointing', ('forward_under_budget',)),
+    ),
+    '11_pipeline_executor': (
+        ('pipeline_executor', ('one_f_one_b_step',)),
+    ),
+    '12_ring_attention': (
+        ('ring_attention', ('ring_attention',)),
+    ),
+    '13_communication_bounds': (
+        ('max_dp_degree', ('max_dp_degree',)),
+        ('max_fsdp_degree', ('max_fsdp_degree',)),
+        ('max_tp_degree', ('max_tp_degree',)),
+        ('min_dp_batch', ('min_dp_batch',)),
     ),
 }

@@ -53,6 +53,25 @@ class Reader:
             raise Malformed(f"{self.where} is not a whole number of at least 0: {_short(v)}")
         return v
 
+    def numbers(self, most: int = 64) -> list[int]:
+        """A list of at most `most` whole numbers ≥ 0 (ranks, positions)."""
+        if not isinstance(self.value, list) or len(self.value) > most:
+            raise Malformed(f"{self.where} is not a list of at most {most} numbers")
+        return [self[i].count() for i in range(len(self.value))]
+
+    def flags(self, most: int = 64) -> list[bool]:
+        """A list of at most `most` booleans."""
+        if not isinstance(self.value, list) or len(self.value) > most or \
+                not all(isinstance(v, bool) for v in self.value):
+            raise Malformed(f"{self.where} is not a list of at most {most} true/false values")
+        return list(self.value)
+
+    def keys(self) -> list[str]:
+        """The names of a table of at most 64 entries with short names."""
+        if not isinstance(self.value, dict) or len(self.value) > 64 or any(len(k) > 64 for k in self.value):
+            raise Malformed(f"{self.where} is not a table of at most 64 short names")
+        return list(self.value)
+
     def counts(self) -> dict[str, int]:
         """{name: count} with short names, as CommTracer's op tallies."""
         if not isinstance(self.value, dict) or len(self.value) > 64:

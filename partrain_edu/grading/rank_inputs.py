@@ -16,8 +16,26 @@ FG_NAMES = ("f forward", "f backward", "g forward", "g backward")
 MLP_HIDDEN = 8
 
 
+RING_RANKS = 3
+RING_TAG = 2 ** RING_RANKS  # > 2^0 + 2^1 + 2^2: the low bits of a sum say which ranks it holds
+
+
 def ring_input(numel: int, rank: int) -> torch.Tensor:
-    return torch.randn(numel, generator=torch.Generator().manual_seed(100 * numel + rank))
+    """Element i of rank r is 2^r + 8·i (notebook 01's 2^r trick): a sum over ranks S at position i is
+    Σ_{r∈S} 2^r + |S|·8·i, so a wrong element tells which ranks it summed and which position it came from."""
+    return 2.0 ** rank + RING_TAG * torch.arange(numel, dtype=torch.float32)
+
+
+def decode_ring_sum(value: float) -> tuple[set[int], int] | None:
+    """(the ranks, the position) a ring_input sum `value` holds, or None when it is no such sum."""
+    if value != int(value) or value <= 0:
+        return None
+    bits = int(value) % RING_TAG
+    ranks = {r for r in range(RING_RANKS) if bits >> r & 1}
+    rest = int(value) - bits
+    if not ranks or rest % (RING_TAG * len(ranks)):
+        return None
+    return ranks, rest // (RING_TAG * len(ranks))
 
 
 def toy_model() -> nn.Module:

@@ -64,18 +64,50 @@ def ring_all_reduce(ctx, ring_all_reduce) -> list[dict]:
     return runs
 
 
+class _AllReduceCalls:
+    """Inside a CommTracer window, wraps dist.all_reduce to note each call's async_op; `launched_at` holds how
+    many calls had been made when each gradient was produced. Its tensor hooks are registered before the
+    learner's hooks, so on each parameter they run first (tensor hooks in order, then post-accumulate hooks)."""
+
+    def __init__(self, params: list[nn.Parameter]):
+        for p in params:
+            p.register_hook(self._produced)
+
+    def reset(self) -> None:
+        self.asynchronous: list[bool] = []
+        self.launched_at: list[int] = []
+
+    def _produced(self, grad):
+        self.launched_at.append(len(self.asynchronous))
+
+    def __enter__(self):
+        self.traced = dist.all_reduce
+
+        def all_reduce(*args, **kwargs):
+            self.asynchronous.append(bool(kwargs.get("async_op", args[3] if len(args) > 3 else False)))
+            return self.traced(*args, **kwargs)
+        dist.all_reduce = all_reduce
+        return self
+
+    def __exit__(self, *exc):
+        dist.all_reduce = self.traced
+
+
 def ddp_buckets(ctx, register_bucket_hooks) -> list[dict]:
     model = inputs.toy_model()
     params = list(model.parameters())
+    calls = _AllReduceCalls(params)
     register_bucket_hooks(params, inputs.DDP_CAP_BYTES)
     backwards = []
     for it in range(inputs.DDP_BACKWARDS):
         x, y = inputs.ddp_batch(it, ctx.rank)
         for p in params:
             p.grad = None
-        with CommTracer() as tracer:
+        calls.reset()
+        with CommTracer() as tracer, calls:
             F.mse_loss(model(x), y).backward()
-        backwards.append({"grads": [tensor(p.grad) for p in params], **traffic(tracer)})
+        backwards.append({"grads": [tensor(p.grad) for p in params], **traffic(tracer),
+                          "async": calls.asynchronous, "launched_at": calls.launched_at})
     return backwards
 
 

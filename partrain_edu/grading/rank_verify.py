@@ -27,7 +27,7 @@ COLLECTIVES = {"all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gat
 
 
 @register("ring_all_reduce", nproc=3, summary="sums equal dist.all_reduce for lengths 12, 7 and 2 on 3 ranks, "
-          "and each rank sent exactly the ring's 2(n−1)/n·S bytes using only point-to-point messages",
+          "and each rank sent exactly the ring's 2(n−1)/n·S bytes, point-to-point only, to its right neighbour only",
           deadlock_hint="Likely: every rank posts a blocking recv (or send) first, so all wait for a message "
           "nobody sends — post the receive with irecv and the send with isend, then wait on both; or two "
           "neighbours disagree on a chunk's size (use the same chunk boundaries on every rank).")
@@ -35,14 +35,23 @@ def ring_all_reduce(me: int, n: int, observed: Reader) -> list[str]:
     for numel, run in zip(inputs.RING_LENGTHS, observed.items(len(inputs.RING_LENGTHS))):
         mine = inputs.ring_input(numel, me)
         expected = torch.stack([inputs.ring_input(numel, r) for r in range(n)]).sum(0)
-        problem = differ(f"length {numel} on {n} ranks", expected, run["out"].tensor())
+        got = run["out"].tensor()
+        problem = differ(f"length {numel} on {n} ranks", expected, got)
         if problem:
-            return [problem + ". Hint: rank r sends chunk (r − s − 1) mod n and adds the one it receives in "
-                    "reduce-scatter step s, then forwards chunk (r − s) mod n in all-gather step s; chunk "
-                    "boundaries must match on every rank (first numel % n chunks one longer)."]
+            return [problem + ring_diagnosis(expected, got, n) + " Hint: rank r sends chunk (r − s − 1) mod n and "
+                    "adds the one it receives in reduce-scatter step s, then forwards chunk (r − s) mod n in "
+                    "all-gather step s; chunk boundaries must match on every rank (first numel % n chunks one longer)."]
         used = sorted(set(run["ops"].counts()) & COLLECTIVES)
         if used:
             return [f"length {numel}: you called {used}; build the all-reduce from isend/irecv (send/recv) only"]
+        peers = {op: set(run["peers"][op].numbers()) for op in run["peers"].keys()}
+        right, left = (me + 1) % n, (me - 1) % n
+        sent_to = peers.get("isend", set()) | peers.get("send", set())
+        heard_from = peers.get("irecv", set()) | peers.get("recv", set())
+        if not sent_to <= {right} or not heard_from <= {left}:
+            return [f"length {numel}: rank {me} sent to rank(s) {sorted(sent_to)} and received from "
+                    f"{sorted(heard_from)}; in a ring each rank sends only to its right neighbour ({right}) and "
+                    f"receives only from its left ({left}) — every link carries 1/n of the tensor per step"]
         want, sent = ring_bytes_sent_by(me, numel, mine.element_size(), n), run["sent"].count()
         if sent != want:
             return [f"length {numel}: sent {sent} bytes, the ring sends exactly {want} (2(n−1)/n·S with S = "
@@ -52,8 +61,28 @@ def ring_all_reduce(me: int, n: int, observed: Reader) -> list[str]:
     return []
 
 
+def ring_diagnosis(expected: torch.Tensor, got, n: int) -> str:
+    """What the first wrong element holds, read from its 2^r tags (rank_inputs.ring_input): which ranks' values
+    it summed, and from which position."""
+    if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+        return "."
+    got, expected = got.double().reshape(-1), expected.double().reshape(-1)
+    wrong = next((i for i in range(got.numel()) if abs(got[i] - expected[i]) > 1e-4), None)
+    if wrong is None:
+        return "."
+    decoded = inputs.decode_ring_sum(float(got[wrong]))
+    if decoded is None:
+        return f". Element {wrong} is {float(got[wrong]):g}, which is no sum of the ranks' tagged values."
+    ranks, position = decoded
+    missing = sorted(set(range(n)) - ranks)
+    return (f". Element {wrong} holds the sum of rank(s) {sorted(ranks)}"
+            + (f" (rank(s) {missing} never added)" if missing else "")
+            + (f" of element {position}: a chunk landed in the wrong place" if position != wrong else "") + ".")
+
+
 @register("ddp_buckets", nproc=2, summary="after each backward every gradient is the average over ranks, "
-          "with one all-reduce per bucket (not per parameter) carrying every gradient byte once",
+          "with one all-reduce per bucket (not per parameter) carrying every gradient byte once; the buckets "
+          "leave with async_op=True, the first before backward has produced the last gradient",
           deadlock_hint="Likely: the ranks launch their buckets' all-reduces in different orders or numbers — "
           "every rank must all-reduce the same buckets in the same order.")
 def ddp_buckets(me: int, n: int, observed: Reader) -> list[str]:
@@ -84,12 +113,20 @@ def ddp_buckets(me: int, n: int, observed: Reader) -> list[str]:
         payload = seen["bytes"].counts().get("all_reduce", 0)
         if payload != total:
             return [f"backward {it + 1}: the all-reduces carried {payload} bytes; every gradient byte once is {total}"]
+        launched, asynchronous = seen["launched_at"].numbers(), seen["async"].flags()
+        if len(launched) != len(params) or launched[-1] < 1:
+            return [f"backward {it + 1}: no bucket's all-reduce had left when the last gradient was produced — "
+                    "launch each bucket from its hook as soon as it is full, so it travels while backward goes on"]
+        if not all(asynchronous):
+            return [f"backward {it + 1}: {asynchronous.count(False)} of {len(asynchronous)} all-reduce(s) blocked "
+                    "inside the hook, stalling backward: pass async_op=True and wait on the handles once "
+                    "backward ends (torch.autograd.Variable._execution_engine.queue_callback)"]
     return []
 
 
 @register("zero1_step", nproc=2, summary="3 steps equal unsharded SGD-momentum on the averaged gradient, each "
           "rank holds and updates only its 1/n of the optimizer state, and a step sends 2(n−1)/n·S bytes "
-          "(what plain data parallelism sends)",
+          "(what plain data parallelism sends) by reduce-scatter and all-gather",
           deadlock_hint="Likely: one rank skips a collective (e.g. only the owner all-gathers) — reduce-scatter "
           "and all-gather are called by every rank.")
 def zero1_step(me: int, n: int, observed: Reader) -> list[str]:
@@ -125,6 +162,13 @@ def zero1_step(me: int, n: int, observed: Reader) -> list[str]:
                     "gradients, all-gather the parameters)"
                     + (" — an all-reduce of the gradients sends twice what reduce-scatter does: each rank needs "
                        "only its shard" if sent > want else "")]
+        kinds = set(seen["ops"].counts())
+        scattered = kinds & {"reduce_scatter_tensor", "reduce_scatter"}
+        gathered = kinds & {"all_gather_into_tensor", "all_gather"}
+        if not (scattered and gathered) or "all_reduce" in kinds:
+            return [f"step {step + 1}: you called {sorted(kinds)}; ZeRO-1 reduce-scatters the gradients (each rank "
+                    "needs only its shard's sum) and all-gathers the updated parameters — an all-reduce means "
+                    "some rank computed on entries it does not own"]
     return []
 
 

@@ -1,0 +1,16 @@
+"""What exercise 13 hands out: the hardware and the model to put into your formulas, as plain numbers.
+
+The devices are `theory.hardware`'s (vendor datasheets, SXM parts; their links are `theory.traffic.LINKS`' for
+the H100 and one generation older for the A100); the model is Megatron's 7.5B GPT, 36 layers × 4096
+(Narayanan et al. 2021, Table 1), counted by `theory.memory.gpt_param_count`. None of them is an answer.
+"""
+from __future__ import annotations
+
+from partrain_edu.theory.hardware import DEVICES
+from partrain_edu.theory.memory import gpt_param_count
+
+# dense bf16 FLOP/s per device
+PEAK_FLOPS = {name: device.peak_flops for name, device in DEVICES.items()}
+# bytes/s each way per device: NVLink to the GPUs of its node, InfiniBand (its own NIC) to other nodes
+BANDWIDTH = {name: {"nvlink": device.nvlink, "infiniband": device.nic} for name, device in DEVICES.items()}
+MODEL_7_5B = {"params": gpt_param_count(36, 4096, vocab=51200, seq=2048), "layers": 36, "hidden": 4096, "seq": 2048}
