@@ -113,10 +113,6 @@ def _list(reader: Reader, limit: int) -> list:
     return reader.value
 
 
-def _ranks(reader: Reader, n: int) -> list[int]:
-    return sorted(item.count() for item in reader.items(len(_list(reader, n))))
-
-
 def _members(bits: int) -> str:
     return "{" + ", ".join(str(r) for r in range(bits.bit_length()) if bits >> r & 1) + "}"
 
@@ -130,7 +126,7 @@ def group_problem(dim: str, me: int, dp: int, tp: int, pp: int, seen: Reader) ->
                " — dist.new_group gives -100 (GroupMember.NON_GROUP_MEMBER) to a rank outside the group: return "
                "the group this rank is in" if what == "int" else "")
         return f"{where} is of type {what}, not a ProcessGroup{tip}"
-    claimed, total = _ranks(seen["ranks"], n), seen["sum"].count()
+    claimed, total = sorted(seen["ranks"].numbers(n)), seen["sum"].count()
     want = next(g for g in expected_groups(dim, dp, tp, pp) if me in g)
     summed = _members(total)
     if total >= 1 << n or claimed != [r for r in range(n) if total >> r & 1]:

@@ -21,7 +21,7 @@ from partrain_edu.comm import CommTracer
 from partrain_edu.grading.compare import differ
 from partrain_edu.grading.core import register
 from partrain_edu.grading.givens.ring_attention import pass_to_next
-from partrain_edu.grading.observations import Malformed, Reader
+from partrain_edu.grading.observations import Reader
 from partrain_edu.grading.rank_observe import observer, tensor, traffic
 
 NPROC, HEADS, SEQ, DIM = 3, 2, 12, 4
@@ -143,12 +143,6 @@ def output_hint(q, k, v, me: int, causal: bool, got) -> str:
                     ". Hint: scores are q·kᵀ/√d; merge the blocks with a running max and log-sum-exp")
 
 
-def ranks(reader: Reader) -> set[int]:
-    if not isinstance(reader.value, list) or len(reader.value) > 64:
-        raise Malformed(f"{reader.where} is not a list of ranks")
-    return {reader[i].count() for i in range(len(reader.value))}
-
-
 def traffic_problem(seen: Reader, me: int, n: int, what: str, blocks: str) -> str | None:
     """None if `seen` (a traffic record) is a ring's: only point-to-point, to one neighbour and from the other,
     (n−1)·(K block + V block) bytes sent."""
@@ -163,10 +157,7 @@ def traffic_problem(seen: Reader, me: int, n: int, what: str, blocks: str) -> st
                 f"holds the whole sequence's K and V ({whole} B, not the {2 * BLOCK_BYTES} B of the block a ring "
                 f"step works on) and scores its queries against all {SEQ} keys at once — the memory that grows with "
                 "the sequence, which context parallelism exists to avoid. Pass one block at a time with pass_to_next")
-    table = seen["peers"]
-    if not isinstance(table.value, dict) or len(table.value) > 64:
-        raise Malformed(f"{table.where} is not a table of peers")
-    peers = {op: ranks(table[op]) for op in table.value}
+    peers = {op: set(seen["peers"][op].numbers()) for op in seen["peers"].keys()}
     to = peers.get("isend", set()) | peers.get("send", set())
     heard = peers.get("irecv", set()) | peers.get("recv", set())
     ring = [({(me + 1) % n}, {(me - 1) % n}), ({(me - 1) % n}, {(me + 1) % n})]  # either direction is a ring

@@ -187,12 +187,6 @@ def _reference(i: int, n: int):
     return values, states, _options(opt, index, run.option), model.shift.clone()
 
 
-def _indices(reader: Reader, limit: int) -> list[int]:
-    if not isinstance(reader.value, list) or len(reader.value) > limit:
-        raise Malformed(f"{reader.where} is not a list of at most {limit} indices")
-    return [Reader(v, reader.where).count() for v in reader.value]
-
-
 def _option_table(reader: Reader) -> list:
     tables = [item.value for item in reader.items(len(NAMES))]
     if not all(t is None or isinstance(t, dict) and len(str(t)) <= 300 for t in tables):
@@ -222,13 +216,13 @@ def verify(me: int, n: int, observed: Reader) -> list[str]:
 def _verify_run(i: int, me: int, n: int, seen: Reader) -> list[str]:
     run = RUNS[i]
     values, states, options, shift = _reference(i, n)
-    owned = [set(_indices(r, len(NAMES))) for r in seen["owned"].items(n)]
+    owned = [set(r.numbers(len(NAMES))) for r in seen["owned"].items(n)]
     owners = {k: [r for r in range(n) if k in owned[r]] for k in range(len(NAMES))}
     mine, got_options = owned[me], _option_table(seen["options"])
     optim, is_class = seen["optim"].value, seen["is_class"].value
     for s, step in enumerate(seen["steps"].items(STEPS)):
         where = f"{run.name}, step {s + 1}"
-        left = _indices(step["left"], len(NAMES))
+        left = step["left"].numbers(len(NAMES))
         if left and s > 0:
             return [f"{where}: after your zero_grad() {NAMES[left[0]]} still held last step's gradient, which the "
                     "next backward adds to — clear (set to None) the gradients of every parameter you were given, "
