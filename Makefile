@@ -39,7 +39,7 @@ refresh: install
 	$(SYNC) refresh
 
 test: install browser
-	$(BIN)/python -m pytest tests notebooks $(NBVAL) --durations=25
+	$(BIN)/python -m pytest tests notebooks $(NBVAL) -n 2 --dist loadfile --durations=25
 
 # The browser test drives Debian's Chromium (Playwright's own browser download is not used). Installed with apt
 # only when missing: nothing to do, and no network, when /usr/bin/chromium is there.

@@ -16,6 +16,7 @@ import pwd
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -145,12 +146,12 @@ def sandbox_files(root: Path) -> list[Path]:
     return [p for p in root.rglob("*") if p.lstat().st_uid == uid]
 
 
-def sandbox_processes() -> list[int]:
-    """PIDs (in this namespace) owned by the sandbox user and started by this checkout's grader (the sandbox's
-    PATH begins with its venv): after grading there must be none. Another checkout's make test may be grading
-    beside this one as the same user."""
+def sandbox_processes(homes: Path) -> list[int]:
+    """PIDs (in this namespace) owned by the sandbox user and started by this test's grader (the sandbox's HOME
+    is under `homes`, the grader's TMPDIR): after grading there must be none. Other tests, or another
+    checkout's make test, may be grading beside this one as the same user."""
     uid = pwd.getpwnam(USER).pw_uid
-    ours = f"PATH={Path(sys.executable).parent}:".encode()
+    ours = f"HOME={homes}/".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -184,9 +185,12 @@ def test_hostile_folder_is_graded_row_by_row_in_the_sandbox(folder, tmp_path):
     core_py = PACKAGE / "grading" / "core.py"
     grader_before, core_before = tree_hash(PACKAGE / "grading"), core_py.read_bytes()
     table = tmp_path / "grades.csv"
+    homes = Path(tempfile.mkdtemp(prefix="partrain_hostile_"))  # the sandbox homes of this run only
+    homes.chmod(0o711)
     try:
         run = subprocess.run([sys.executable, "-m", "partrain_edu", "check", str(folder), "--json", "--csv",
-                              str(table), "--timeout", str(LIMIT_S)], capture_output=True, text=True, timeout=900)
+                              str(table), "--timeout", str(LIMIT_S)], capture_output=True, text=True, timeout=900,
+                             env={**os.environ, "TMPDIR": str(homes)})
         grader_after, planted = tree_hash(PACKAGE / "grading"), sandbox_files(PACKAGE)
         planted += [p for p in (PACKAGE / "tampered_by_submission.py", SITE_PTH) if p.exists()]
     finally:  # should the sandbox ever fail, leave the checkout as it was
@@ -194,12 +198,14 @@ def test_hostile_folder_is_graded_row_by_row_in_the_sandbox(folder, tmp_path):
             core_py.write_bytes(core_before)
         for path in (PACKAGE / "tampered_by_submission.py", SITE_PTH):
             path.unlink(missing_ok=True)
+    still = sandbox_processes(homes)
+    shutil.rmtree(homes, ignore_errors=True)
     assert run.returncode == 1, run.stderr[-3000:]
     assert "isolation: sandbox: each notebook ran as user partrain-grader" in run.stderr
     report = {Path(nb["path"]).stem.split("-", 1)[1]: nb for nb in json.loads(run.stdout)["notebooks"]}
     assert grader_after == grader_before and not planted
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == neighbours
-    assert not sandbox_processes() and not processes_with(LEFTOVER)
+    assert not still and not processes_with(LEFTOVER)
 
     with open(table) as f:
         rows = list(csv.DictReader(f))
