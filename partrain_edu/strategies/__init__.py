@@ -23,6 +23,8 @@
 | torch-pp       | strategies.torch_pp  | torch's Schedule1F1B             | layers / activations, their gradients     |
 | 3d             | strategies.hybrid    | hybrid grid + tensor + pipeline  | all three / each in its own group         |
 | 3d-mesh        | strategies.hybrid    | the same, on init_device_mesh    | all three / each in its own group         |
+| fsdp-tp        | strategies.fsdp_tp   | fsdp over dp + tensor over tp    | params on dp, matrices on tp / both       |
+| torch-fsdp-tp  | strategies.fsdp_tp   | fully_shard + parallelize_module | the same, by FSDP2 and DTensor            |
 
 `tests/test_layering.py` checks that this table and the registry agree.
 """
@@ -40,6 +42,7 @@ STRATEGY_MODULES = [
     "partrain_edu.strategies.fsdp",
     "partrain_edu.strategies.torch_fsdp",
     "partrain_edu.strategies.hybrid",
+    "partrain_edu.strategies.fsdp_tp",
 ]
 
 from partrain_edu.strategies.base import (LEARNING_RATE, STRATEGIES, Strategy, data_parallel_batch,  # noqa: E402

@@ -1,0 +1,48 @@
+"""theory.batch_limit: the batch caps the data-parallel degree; FSDP's intensity is its tokens per replica."""
+import pytest
+
+from partrain_edu.theory.batch_limit import (critical_tokens, fsdp_intensity, hardware_intensity, max_dp_for_batch,
+                                             min_tp_for_batch)
+from partrain_edu.theory.hardware import DEVICES
+from partrain_edu.theory.planner import plan
+
+H100 = DEVICES["h100"]
+
+
+def test_the_batch_caps_data_parallelism_and_the_rest_must_be_tensor_parallel():
+    assert max_dp_for_batch(1024) == 1024 and max_dp_for_batch(1024, 4) == 256 and max_dp_for_batch(10, 3) == 3
+    assert max_dp_for_batch(2, 3) == 0                             # not even one replica of 3 sequences
+    assert min_tp_for_batch(512, 1024) == 1                        # enough batch: pure data parallel
+    assert min_tp_for_batch(4096, 1024) == 4 and min_tp_for_batch(4096, 1024, 2) == 8
+    assert min_tp_for_batch(24, 8) == 3                            # a divisor of the GPUs, not a power of two
+    with pytest.raises(ValueError, match="add pipeline stages or a bigger batch"):
+        min_tp_for_batch(4096, 256)
+    with pytest.raises(ValueError, match="global_batch must be a positive number"):
+        max_dp_for_batch(0)
+
+
+def test_fsdp_intensity_is_tokens_per_replica_whatever_the_model_and_tp():
+    t, n = 8 * 2048, 64
+    exact = 2 * t * n / ((n - 1) * 2)                              # 6Ψt / (3(n−1)/n·Ψ·2 bytes)
+    for params, tp in [(1_342_177_280, 1), (13_421_772_800, 1), (13_421_772_800, 8)]:
+        assert fsdp_intensity(params, t, n, tp) == pytest.approx(exact, rel=1e-8)
+    assert fsdp_intensity(10**9, 2 * t, n) == pytest.approx(2 * fsdp_intensity(10**9, t, n), rel=1e-8)
+    assert fsdp_intensity(10**9, t, n, bytes_per_element=4) == pytest.approx(exact / 2, rel=1e-8)
+    with pytest.raises(ValueError, match="pass dp >= 2"):
+        fsdp_intensity(10**9, t, 1)
+
+
+def test_the_critical_tokens_make_a_large_group_exactly_as_intense_as_its_link():
+    need = critical_tokens(H100.peak_flops, H100.nic)             # InfiniBand: 989e12 / 50e9 ≈ 19.8k tokens
+    assert need == pytest.approx(989e12 / 50e9) and hardware_intensity(H100.peak_flops, H100.nic) == need
+    assert critical_tokens(H100.peak_flops, H100.nvlink) == pytest.approx(need / 9)   # NVLink: 9× the bytes/s
+    assert critical_tokens(1.0, 1.0, bytes_per_element=4) == 2.0                     # fp32: twice the tokens
+    big = fsdp_intensity(10**9, need, 10**6)                       # (n−1)/n → 1
+    assert big == pytest.approx(hardware_intensity(H100.peak_flops, H100.nic), rel=1e-5)
+
+
+def test_the_planner_leaves_pure_sharding_as_the_batch_shrinks():
+    big, small = (plan("7.5B", 256, "80GB", global_batch=b).layout for b in (1024, 64))
+    assert (big.strategy, big.dp, big.tp) == ("fsdp", 256, 1)
+    assert small.tp > 1 and small.dp * small.tp * small.pp == 256
+    assert small.dp <= max_dp_for_batch(64) and small.tp >= min_tp_for_batch(256, 64, max_tp=8) / small.pp
