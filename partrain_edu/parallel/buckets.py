@@ -35,13 +35,15 @@ class Bucket:
     params: list[nn.Parameter]
     spans: list[tuple[int, int]] = field(default_factory=list)   # (start, end) of each parameter in `buffer`
     buffer: torch.Tensor | None = None                           # (numel,) gradients, flat
+    dtype: torch.dtype | None = None                             # the buffer's (the wire's); None: the params'
 
     def __post_init__(self):
         start = 0
         for p in self.params:
             self.spans.append((start, start + p.numel()))
             start += p.numel()
-        self.buffer = torch.zeros(start, dtype=self.params[0].dtype, device=self.params[0].device)
+        self.dtype = self.dtype or self.params[0].dtype         # another dtype: pack and unpack cast
+        self.buffer = torch.zeros(start, dtype=self.dtype, device=self.params[0].device)
         self.views = [self.buffer[a:b].view_as(p) for p, (a, b) in zip(self.params, self.spans)]
 
     @property
@@ -68,12 +70,14 @@ class Bucket:
             torch._foreach_copy_([g for g, _ in have], [v for _, v in have])
         for p, v in zip(self.params, self.views):
             if p.grad is None:
-                p.grad = v.clone()
+                p.grad = v.to(p.dtype, copy=True)
 
 
-def plan_buckets(params: Iterable[nn.Parameter], cap_bytes: int) -> list[Bucket]:
+def plan_buckets(params: Iterable[nn.Parameter], cap_bytes: int,
+                 wire_dtype: Callable[[torch.dtype], torch.dtype] = lambda dtype: dtype) -> list[Bucket]:
     """Group `params` (in registration order) into buckets of about `cap_bytes`, last parameter first.
-    A bucket holds one dtype on one device (one flat buffer); it is closed once it reaches `cap_bytes`."""
+    A bucket holds one dtype on one device (one flat buffer, in `wire_dtype(that dtype)`: mixed precision
+    sends fp32 gradients as bf16); it is closed once it reaches `cap_bytes`."""
     if cap_bytes <= 0:
         raise ValueError(f"bucket_cap_bytes must be a positive number of bytes, got {cap_bytes}")
     groups: list[list[nn.Parameter]] = []
@@ -85,7 +89,7 @@ def plan_buckets(params: Iterable[nn.Parameter], cap_bytes: int) -> list[Bucket]
             size = 0
         groups[-1].append(p)
         size += p.numel() * p.element_size()
-    return [Bucket(i, ps) for i, ps in enumerate(groups)]
+    return [Bucket(i, ps, dtype=wire_dtype(ps[0].dtype)) for i, ps in enumerate(groups)]
 
 
 class OncePerBackward:

@@ -22,6 +22,10 @@ micro-batches accumulate gradients. A parameter without a gradient is refused, a
 finds those no rank used, whose gradient stays None, exactly as in one process. Every bucket's all-reduce start and finish, relative to the
 start of backward, is kept in `timeline` for the overlap picture.
 
+Mixed precision (`mixed_precision=MixedPrecision(torch.bfloat16)`, the `ddp-bf16` strategy): forward runs
+through a bf16 copy of the fp32 parameters (`mixed_precision.LowPrecisionCopy`), the fp32 gradients sum in
+`.grad` and travel in bf16 buckets: 2(n−1)/n · Ψ · 2 bytes, half of fp32's.
+
 `allreduce_per_parameter` is the textbook version beside it (the `ddp-naive` strategy): after backward has
 ended, one blocking all-reduce per parameter — the same bytes, many more calls, no overlap. Both wrap any
 module; `strategies/ddp.py` applies them to TinyGPT.
@@ -38,6 +42,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from partrain_edu.parallel.buckets import Bucket, GradBucketHooks, plan_buckets
+from partrain_edu.parallel.mixed_precision import LowPrecisionCopy, MixedPrecision, cast_floating
 
 # PyTorch DDP's default cap (`bucket_cap_mb=25`): `ddp` and `torch-ddp` run alike. TinyGPT's 0.87 MB of fp32
 # gradients then fit in ONE bucket — nothing to overlap; pass a smaller cap (notebook 02 uses 256 KiB) to
@@ -63,15 +68,19 @@ class DistributedDataParallel(nn.Module):
     """Wrap `module`: forward is the module's; backward also averages the gradients over `group`."""
 
     def __init__(self, module: nn.Module, group=None, bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES,
-                 find_unused_parameters: bool = False, clock=time.perf_counter):
+                 find_unused_parameters: bool = False, clock=time.perf_counter,
+                 mixed_precision: MixedPrecision | None = None):
         super().__init__()
         self.module, self.group = module, group
+        self.mixed_precision = mixed_precision or MixedPrecision()
         self.clock = clock               # what the timeline is timed with: wall time, or an emulated device's
         self.world_size = dist.get_world_size(group)
         self.find_unused_parameters = find_unused_parameters
         broadcast_parameters(module, group)
         self.params = [p for p in module.parameters() if p.requires_grad]
-        self.buckets = plan_buckets(self.params, bucket_cap_bytes)
+        self.buckets = plan_buckets(self.params, bucket_cap_bytes, self.mixed_precision.wire_dtype)
+        # The bf16 compute copy (None: compute in the parameters' own dtypes). Built after the broadcast.
+        self.compute = LowPrecisionCopy(module, self.mixed_precision) if self.mixed_precision.param_dtype else None
         self.hooks = GradBucketHooks(self.buckets, launch=self._launch, finish=self._finish)
         self._pending: list[tuple[Bucket, torch.futures.Future]] = []
         self._step: dict = {}
@@ -81,7 +90,10 @@ class DistributedDataParallel(nn.Module):
         self._names = {id(p): name for name, p in module.named_parameters()}
 
     def forward(self, *args, **kwargs):
-        out = self.module(*args, **kwargs)
+        if self.compute is not None:
+            out = self.compute(*args, **kwargs)
+        else:
+            out = cast_floating(self.module(*args, **kwargs), self.mixed_precision.output_dtype)
         if self.hooks.enabled and isinstance(out, torch.Tensor) and out.requires_grad:
             # The output's gradient is the first thing backward computes (after the loss): mark the start.
             out.register_hook(self._backward_started)

@@ -8,7 +8,8 @@ rest and stays gathered through forward. A unit's parameters of one dtype form a
 multiple of n; a rank keeps ⌈Ψ_u/n⌉ of them. fp32 + AdamW per rank: params, grads 4⌈Ψ/n⌉ each, optimizer
 8⌈Ψ/n⌉ plus a `step` per piece, plus the gathered units (`peak_gathered_bytes`). Sent per unit and
 micro-batch (§7.2.2): all-gather for forward, all-gather for backward, reduce-scatter of the gradient —
-3·(n−1)/n·Ψ·bytes, 1.5× DDP's. One unit's mechanics: `fsdp_unit.py`.
+3·(n−1)/n·Ψ·bytes, 1.5× DDP's. One unit's mechanics: `fsdp_unit.py`. `MixedPrecision(torch.bfloat16)`
+(zero3-bf16): gathers and reduce-scatters in bf16, half the bytes; the shard stays the fp32 master.
 `parameters()` yields this rank's 1-D *pieces* under the original names (use_orig_params): an elementwise
 optimizer acts per parameter as in one process (groups by name, a `step` each, no update without a gradient);
 `state_dict()` / `load_state_dict()` speak the unwrapped module's format.
@@ -17,25 +18,18 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
 import torch.nn as nn
-from torch.utils._pytree import tree_map_only
 
 from partrain_edu.parallel.buckets import OncePerBackward
 from partrain_edu.parallel.ddp import broadcast_parameters
 from partrain_edu.parallel.flat_shard import FlatShard
 from partrain_edu.parallel.fsdp_unit import Unit, UnitShard
+from partrain_edu.parallel.mixed_precision import MixedPrecision, cast_floating, full_precision_params
 
-
-@dataclass(frozen=True)
-class MixedPrecision:
-    """Gather and compute floating parameters in `param_dtype` (forward inputs cast to it, as FSDP's
-    cast_forward_inputs), reduce-scatter gradients in `reduce_dtype`; the sharded master keeps its own dtype."""
-    param_dtype: torch.dtype | None = None
-    reduce_dtype: torch.dtype | None = None
+__all__ = ["FullyShardedDataParallel", "MixedPrecision"]   # MixedPrecision is shared with DDP: mixed_precision.py
 
 
 class FullyShardedDataParallel(nn.Module):
@@ -75,7 +69,7 @@ class FullyShardedDataParallel(nn.Module):
     def _shard(self, module: nn.Module) -> None:
         """Give every parameter to the unit whose modules use it — the root when several units do (it is
         gathered through the whole forward: one slot, one gradient) — and lay each unit's parameters out by
-        (dtype, trainable). The module attributes become plain slots, filled while their unit computes."""
+        (dtype, trainable, kept in its dtype under mixed precision). The module attributes become plain slots, filled while their unit computes."""
         unit_of = {id(u.module): u for u in self.units}
         users: dict[int, set[int]] = {}                     # id(parameter) → indices of the units using it
         slots: dict[int, list] = {}                         # id(parameter) → [(module, attr, name)]
@@ -98,16 +92,17 @@ class FullyShardedDataParallel(nn.Module):
                     walk(child, f"{prefix}{name}.", unit)
 
         walk(module, "", self.units[0])
+        kept = full_precision_params(module) if self.mixed_precision.param_dtype else set()   # BatchNorm's
         for u in self.units:
             mine = [i for i in params if users[i] == {u.index} or (u.index == 0 and len(users[i]) > 1)]
             groups: dict[tuple, list[int]] = {}
             for i in mine:
-                groups.setdefault((params[i].dtype, params[i].requires_grad), []).append(i)
-            for ids in groups.values():
+                groups.setdefault((params[i].dtype, params[i].requires_grad, i in kept), []).append(i)
+            for (_, _, keep), ids in groups.items():
                 for i in ids:
                     for m, attr, _ in slots[i]:
                         del m._parameters[attr]
-                u.shards.append(UnitShard(u, [params[i] for i in ids], [slots[i] for i in ids]))
+                u.shards.append(UnitShard(u, [params[i] for i in ids], [slots[i] for i in ids], keep_dtype=keep))
 
     # -- what the optimizer, the checkpoint and the tests see -------------------------------------------
     def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
@@ -133,7 +128,7 @@ class FullyShardedDataParallel(nn.Module):
         return wanted if wanted is not None and dtype.is_floating_point else dtype
 
     def reduce_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        return self.mixed_precision.reduce_dtype or self.compute_dtype(dtype)
+        return self.mixed_precision.wire_dtype(dtype)
 
     def track(self, delta: int) -> None:
         """Bytes of gathered buffers alive now (+ when an all-gather allocates one, − when it is freed)."""
@@ -155,17 +150,11 @@ class FullyShardedDataParallel(nn.Module):
             s.free_backward()
 
     # -- forward --------------------------------------------------------------------------------------
-    def _cast(self, args, kwargs):
-        dtype = self.mixed_precision.param_dtype
-        if dtype is None:
-            return args, kwargs
-        return tree_map_only(torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, (args, kwargs))
-
     def _enter(self, unit: Unit, args, kwargs):
         unit.gather_for_forward()
         if self.prefetch and unit.index + 1 < len(self.units):
             self.units[unit.index + 1].prefetch()           # overlaps with this unit's compute
-        return self._cast(args, kwargs)
+        return cast_floating((args, kwargs), self.mixed_precision.param_dtype)
 
     def _pack(self, t: torch.Tensor):
         shard = self.gathered.get(id(t._base)) if t._base is not None else None
@@ -183,13 +172,13 @@ class FullyShardedDataParallel(nn.Module):
         self.timeline.clear()                               # bounded: one forward (and its backward)
         for s in self.shards():
             s.drop_pending()
-        args, kwargs = self._cast(args, kwargs)
+        args, kwargs = cast_floating((args, kwargs), self.mixed_precision.param_dtype)
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             if self.prefetch and len(self.units) > 1:
                 self.units[1].prefetch()
             self.units[0].gather_for_forward()              # the root stays gathered through the forward
             try:
-                return self.module(*args, **kwargs)
+                return cast_floating(self.module(*args, **kwargs), self.mixed_precision.output_dtype)
             finally:
                 for u in self.units:                        # the root; any unit an exception left gathered
                     if u.index == 0 or any(s.full is not None for s in u.shards):

@@ -63,13 +63,15 @@ class UnitShard:
     """One FlatShard of a unit: parameters of one dtype, all trainable or all frozen, and the module
     attributes ("slots") each one fills — several for a parameter tied inside the unit, all given one view."""
 
-    def __init__(self, unit: "Unit", params: list[nn.Parameter], slots: list[list[tuple[nn.Module, str, str]]]):
+    def __init__(self, unit: "Unit", params: list[nn.Parameter], slots: list[list[tuple[nn.Module, str, str]]],
+                 keep_dtype: bool = False):
         self.unit, self.owner, self.slots = unit, unit.owner, slots
         self.trainable = params[0].requires_grad
         self.flat = FlatShard(params, self.owner.group, keep_full=False)
         for piece in self.flat.pieces:
             piece.requires_grad_(self.trainable)
-        self.dtype = self.owner.compute_dtype(self.flat.data.dtype)   # gathered (and computed) in this dtype
+        # gathered (and computed) in this dtype; keep_dtype: BatchNorm's, beside its fp32 running statistics
+        self.dtype = self.flat.data.dtype if keep_dtype else self.owner.compute_dtype(self.flat.data.dtype)
         self.nbytes = self.flat.padded * torch.empty((), dtype=self.dtype).element_size()
         self.full: torch.Tensor | None = None             # (padded,) gathered for forward
         self.backward_full: torch.Tensor | None = None    # (padded,) gathered again for backward

@@ -25,6 +25,9 @@
 | 3d-mesh        | strategies.hybrid    | the same, on init_device_mesh    | all three / each in its own group         |
 | fsdp-tp        | strategies.fsdp_tp   | fsdp over dp + tensor over tp    | params on dp, matrices on tp / both       |
 | torch-fsdp-tp  | strategies.fsdp_tp   | fully_shard + parallelize_module | the same, by FSDP2 and DTensor            |
+| ddp-bf16       | strategies.mixed_precision | ddp with bf16 communication | batch / bf16 gradient all-reduce       |
+| zero3-bf16     | strategies.mixed_precision | fsdp.MixedPrecision(bf16)   | + parameters / bf16 gathers, RS        |
+| torch-fsdp-bf16 | strategies.mixed_precision | torch's MixedPrecisionPolicy | the same, by FSDP2                    |
 
 `tests/test_layering.py` checks that this table and the registry agree.
 """
@@ -43,6 +46,7 @@ STRATEGY_MODULES = [
     "partrain_edu.strategies.torch_fsdp",
     "partrain_edu.strategies.hybrid",
     "partrain_edu.strategies.fsdp_tp",
+    "partrain_edu.strategies.mixed_precision",
 ]
 
 from partrain_edu.strategies.base import (LEARNING_RATE, STRATEGIES, Strategy, data_parallel_batch,  # noqa: E402

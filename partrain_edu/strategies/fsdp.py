@@ -13,16 +13,17 @@ unit and micro-batch: all-gather for forward, all-gather for backward, reduce-sc
 """
 from __future__ import annotations
 
-from partrain_edu.parallel.fsdp import FullyShardedDataParallel
+from partrain_edu.parallel.fsdp import FullyShardedDataParallel, MixedPrecision
 from partrain_edu.strategies.base import Strategy, optimizer_state_tensors, register
 
 
 @register("zero3")
 class Zero3(Strategy):
-    def __init__(self, ctx, cfg, group=None, prefetch: bool = False):
+    def __init__(self, ctx, cfg, group=None, prefetch: bool = False, mixed_precision: MixedPrecision | None = None):
         super().__init__(ctx, cfg)
         model = self.new_model()
-        self.model = FullyShardedDataParallel(model, group, units=list(model.blocks), prefetch=prefetch)
+        self.model = FullyShardedDataParallel(model, group, units=list(model.blocks), prefetch=prefetch,
+                                              mixed_precision=mixed_precision)   # zero3-bf16: bf16 on the wire
         self.optimizer = self.new_optimizer(self.model.parameters())
 
     def state_tensors(self):

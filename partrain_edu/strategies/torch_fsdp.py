@@ -22,17 +22,19 @@ once per step, not twice: slightly under 1.5× DDP.
 """
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from partrain_edu.strategies.base import Strategy, register
 
 
 @register("torch-fsdp")
 class TorchFSDP(Strategy):
-    def __init__(self, ctx, cfg):
+    def __init__(self, ctx, cfg, mp_policy: MixedPrecisionPolicy | None = None):
         super().__init__(ctx, cfg)
+        mp_policy = mp_policy or MixedPrecisionPolicy()      # the default: no casts (torch-fsdp-bf16 passes bf16)
         # Two warnings FSDP2 raises on every step that do not apply here: the loop never modifies the output
         # in place, and token ids (the input) never require gradients.
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
@@ -41,6 +43,7 @@ class TorchFSDP(Strategy):
         mesh = self.ctx.topology.mesh["dp"]
         model = self.new_model()                     # the same init on every rank: nothing to broadcast
         for block in model.blocks:
-            fully_shard(block, mesh=mesh)            # one unit per block
-        self.model = fully_shard(model, mesh=mesh)   # the root unit: everything else
+            # one unit per block; only the root casts its output (the logits), as our zero3's does
+            fully_shard(block, mesh=mesh, mp_policy=dataclasses.replace(mp_policy, output_dtype=None))
+        self.model = fully_shard(model, mesh=mesh, mp_policy=mp_policy)   # the root unit: everything else
         self.optimizer = self.new_optimizer(self.model.parameters())
