@@ -40,6 +40,8 @@ class TrainConfig:
     dp: int | None = None
     tp: int | None = None
     pp: int | None = None
+    cp: int | None = field(default=None, metadata={
+        "help": "context-parallel degree: the sequence split over this many ranks (ring attention)"})
     microbatches: int = 1
     steps: int = 20
     seed: int = 0
@@ -53,11 +55,14 @@ class TrainConfig:
         for name in ("nproc", "steps", "global_batch", "microbatches"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
-        for name in ("dp", "tp", "pp"):
+        for name in ("dp", "tp", "pp", "cp"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"--{name} must be a positive integer, got {getattr(self, name)}")
         if self.seed < 0:
             raise ValueError(f"--seed must be non-negative, got {self.seed}")
+        if (self.cp or 1) > 1 and self.strategy != "cp":
+            raise ValueError(f"--cp {self.cp} shards the sequence, which only --strategy cp does: drop --cp or use "
+                             f"--strategy cp")
         if self.device != "cpu":
             from partrain_edu.emulated import parse  # no torch: the spec is checked before any process starts
 

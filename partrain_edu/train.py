@@ -72,11 +72,11 @@ def run(ctx: runtime.ParallelContext, cfg: TrainConfig, on_step: Callable[[int, 
         with tracer.paused():
             everyone: list[dict] = [{} for _ in range(ctx.world_size)]
             dist.all_gather_object(everyone, held)
-            timing = strategy.timing()
+            timing, facts = strategy.timing(), strategy.report_facts()
     most_loaded = max(everyone, key=lambda h: sum(h.values()))
     report = {"strategy": cfg.strategy, "world_size": ctx.world_size, "losses": losses, "comm": comm,
               "state_bytes": {k: most_loaded.get(k, 0) for k in ("params", "grads", "optimizer")},
-              "step_time_s": statistics.median(times)}
+              "step_time_s": statistics.median(times), **facts}
     if em is not None:  # step_time_s is then the emulated device's; the wall time is this machine's
         report["emulated"] = {**em.report(), "wall_step_time_s": statistics.median(walls), **timing,
                               "mfu": mfu(cfg, report["step_time_s"], ctx.world_size, em.device.peak_flops)}

@@ -23,9 +23,10 @@ explicitly (`ctx.group("tp")` from `runtime.init(dp=…, tp=…, pp=…)`); `gro
 | hybrid     | dp_average_gradients, traffic_by_dimension            | 3D: dp all-reduce; bytes per dim     |
 | moe        | MoE, ExpertParallelMoE, expert_parallel_groups        | experts / 2 all-to-alls each way; DP |
 | moe_routing | route, Routing, within_capacity (top-k, capacity, aux loss) | — / nothing (one rank's tokens) |
+| context    | RingAttention, Sharding (context parallelism, zig-zag) | sequence / K, V around the ring      |
 | mixed_precision | MixedPrecision, LowPrecisionCopy, cast_floating   | — / bf16: half the bytes, fp32 master |
 RS: reduce-scatter, AG: all-gather.
 """
 # Submodules, imported on use: `import partrain_edu.parallel` stays free of torch.
-__all__ = ["buckets", "ddp", "flat_shard", "fsdp", "fsdp_unit", "hybrid", "mixed_precision", "moe", "moe_routing", "pipeline", "pp_comm", "ring",
+__all__ = ["buckets", "context", "ddp", "flat_shard", "fsdp", "fsdp_unit", "hybrid", "mixed_precision", "moe", "moe_routing", "pipeline", "pp_comm", "ring",
            "sequence", "tensor", "torch_tp", "tp_comm", "zero"]

@@ -23,6 +23,7 @@
 | torch-pp       | strategies.torch_pp  | torch's Schedule1F1B             | layers / activations, their gradients     |
 | 3d             | strategies.hybrid    | hybrid grid + tensor + pipeline  | all three / each in its own group         |
 | 3d-mesh        | strategies.hybrid    | the same, on init_device_mesh    | all three / each in its own group         |
+| cp             | strategies.context   | context.RingAttention            | sequence / K, V blocks around the ring    |
 | fsdp-tp        | strategies.fsdp_tp   | fsdp over dp + tensor over tp    | params on dp, matrices on tp / both       |
 | torch-fsdp-tp  | strategies.fsdp_tp   | fully_shard + parallelize_module | the same, by FSDP2 and DTensor            |
 | ddp-bf16       | strategies.mixed_precision | ddp with bf16 communication | batch / bf16 gradient all-reduce       |
@@ -45,6 +46,7 @@ STRATEGY_MODULES = [
     "partrain_edu.strategies.fsdp",
     "partrain_edu.strategies.torch_fsdp",
     "partrain_edu.strategies.hybrid",
+    "partrain_edu.strategies.context",
     "partrain_edu.strategies.fsdp_tp",
     "partrain_edu.strategies.mixed_precision",
 ]

@@ -69,6 +69,11 @@ class Strategy:
         """Extra timing facts for the report, on the emulated device (every rank calls it): none by default."""
         return {}
 
+    def report_facts(self) -> dict:
+        """Extra measured facts for the JSON report, under the strategy's own key (every rank calls it, with
+        the tracer paused; rank 0's are reported): none by default."""
+        return {}
+
     def sync_after_backward(self) -> None:
         """Called once the step's backward passes are done (ddp-naive communicates here)."""
 

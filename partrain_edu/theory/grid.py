@@ -1,19 +1,28 @@
-"""The one rank grid of the course: which global rank holds which (pp, dp, tp) coordinates.
+"""The one rank grid of the course: which global rank holds which (pp, dp, [cp,] tp) coordinates.
 
     coordinates(5, {"pp": 2, "dp": 2, "tp": 2}) == {"pp": 1, "dp": 0, "tp": 1}      r = (s·dp + d)·tp + t
+    coordinates(5, {"pp": 1, "dp": 2, "cp": 2, "tp": 2}) == {"pp": 0, "dp": 1, "cp": 0, "tp": 1}
 
 The order is Megatron-LM's (Narayanan et al. 2021, §3; Megatron-Core's default `tp-cp-ep-dp-pp`, innermost
 first) and torchtitan's (`pp, dp, tp`): tensor parallelism innermost, so a tp group is tp consecutive ranks —
 one node's GPUs, where the per-layer all-reduces of activations need NVLink; data parallelism next; pipeline
 stages outermost, so the slowest links (between nodes) carry only the stages' point-to-point activations.
 picotron orders its grid (dp, pp, cp, tp), data parallelism outermost: then the dp gradient all-reduce is
-what crosses nodes. `order=` gives any other order, for comparison; everything here is pure Python.
+what crosses nodes. Context parallelism (cp), when the sizes name it, sits between dp and tp (`ORDER_CP`, Megatron's
+tp-cp-dp-pp): its ring passes K/V blocks every layer, next to tp's all-reduces. `order=` gives any other order, for
+comparison; everything here is pure Python.
 """
 from __future__ import annotations
 
 from typing import Mapping
 
 ORDER = ("pp", "dp", "tp")  # outermost first
+ORDER_CP = ("pp", "dp", "cp", "tp")  # the same with context parallelism, used when the sizes name "cp"
+
+
+def order_of(sizes: Mapping[str, int]) -> tuple[str, ...]:
+    """The default order for these sizes: ORDER_CP when they name "cp", else ORDER."""
+    return ORDER_CP if "cp" in sizes else ORDER
 
 
 def _check(sizes: Mapping[str, int], order: tuple[str, ...]) -> None:
@@ -31,8 +40,9 @@ def world_size(sizes: Mapping[str, int]) -> int:
     return total
 
 
-def coordinates(rank: int, sizes: Mapping[str, int], order: tuple[str, ...] = ORDER) -> dict[str, int]:
+def coordinates(rank: int, sizes: Mapping[str, int], order: tuple[str, ...] | None = None) -> dict[str, int]:
     """Global rank → {dim: coordinate}; the last dimension of `order` varies fastest."""
+    order = order or order_of(sizes)
     _check(sizes, order)
     if not 0 <= rank < world_size(sizes):
         raise ValueError(f"rank {rank} is outside a world of {world_size(sizes)} ranks "
@@ -44,8 +54,9 @@ def coordinates(rank: int, sizes: Mapping[str, int], order: tuple[str, ...] = OR
     return {dim: coords[dim] for dim in order}
 
 
-def rank_of(coords: Mapping[str, int], sizes: Mapping[str, int], order: tuple[str, ...] = ORDER) -> int:
+def rank_of(coords: Mapping[str, int], sizes: Mapping[str, int], order: tuple[str, ...] | None = None) -> int:
     """{dim: coordinate} → global rank (the inverse of `coordinates`)."""
+    order = order or order_of(sizes)
     _check(sizes, order)
     rank = 0
     for dim in order:
@@ -55,9 +66,10 @@ def rank_of(coords: Mapping[str, int], sizes: Mapping[str, int], order: tuple[st
     return rank
 
 
-def group_ranks(dim: str, sizes: Mapping[str, int], order: tuple[str, ...] = ORDER) -> list[list[int]]:
+def group_ranks(dim: str, sizes: Mapping[str, int], order: tuple[str, ...] | None = None) -> list[list[int]]:
     """Every group along `dim`: ranks equal in the other coordinates, each list in order of `dim`'s coordinate,
     the lists sorted by their first rank."""
+    order = order or order_of(sizes)
     _check(sizes, order)
     if dim not in order:
         raise ValueError(f"dim must be one of {', '.join(order)}, got {dim!r}")
@@ -68,10 +80,11 @@ def group_ranks(dim: str, sizes: Mapping[str, int], order: tuple[str, ...] = ORD
     return sorted(groups.values())
 
 
-def block(dim: str, sizes: Mapping[str, int], order: tuple[str, ...] = ORDER) -> int:
+def block(dim: str, sizes: Mapping[str, int], order: tuple[str, ...] | None = None) -> int:
     """Every group along `dim` lies inside one aligned block of this many consecutive ranks (the sizes of `dim`
     and of every dimension inside it multiplied): when a node holds a whole block, the group talks over the
-    node's fast links. ORDER: tp → tp, dp → tp·dp, pp → the whole world."""
+    node's fast links. ORDER: tp → tp, dp → tp·dp, pp → the whole world; ORDER_CP: cp → tp·cp, dp → tp·cp·dp."""
+    order = order or order_of(sizes)
     _check(sizes, order)
     if dim not in order:
         raise ValueError(f"dim must be one of {', '.join(order)}, got {dim!r}")

@@ -47,6 +47,7 @@ and list the rounded counts in their Table 1 (1.7B for l = 24, h = 2304; 1008B f
     tensor parallel + selective recompute  sbh(10 + 24/t)
     tensor + sequence + selective          sbh(34/t)
     full recompute                         2sbh              (the layer input only; /t with sequence parallel)
+    context parallel c (any row above)     every term over the rank's s/c queries: sbh → sbh/c, as²b → as²b/c
 
 These count 16-bit activations and 1-byte dropout masks. We keep the paper's pieces apart so fp32 works too:
 with e bytes per activation element, 2sbh + as²b mask bytes and (16e)sbh + (2e)as²b value bytes, of which
@@ -54,6 +55,8 @@ with e bytes per activation element, 2sbh + as²b mask bytes and (16e)sbh + (2e)
 two dropout masks); e = 2 gives exactly the table. Under pipeline parallelism each stage holds l/pp layers
 for every micro-batch in flight; the first stage has the most in flight: min(pp, m) under 1F1B, m under
 GPipe (Narayanan et al. 2021 §2.2; the 1F1B first stage therefore holds l layers' worth, pp × l/pp).
+Context parallelism (ring attention, Liu et al. 2023) shards the sequence: each of c ranks keeps the activations of
+its s/c positions, and its attention scores cover its s/c queries against all s keys, so a layer's bytes fall c-fold.
 """
 
 from __future__ import annotations
@@ -144,27 +147,29 @@ def model_state_bytes(params: int, *, dp: int = 1, zero: int = 0, precision: str
 
 def activation_bytes_per_layer(*, seq: int, micro_batch: int, hidden: int, heads: int, tp: int = 1,
                                sequence_parallel: bool = False, recompute: str = "none",
-                               element_bytes: int = 2) -> int:
+                               element_bytes: int = 2, cp: int = 1) -> int:
     """Bytes one transformer layer keeps for backward on one device (Korthikanti et al. 2022, Table 2).
 
     ``element_bytes`` = 2 reproduces the paper; 4 is fp32 training (dropout masks stay 1 byte).
     """
     for name, value in (("--seq", seq), ("--micro-batch", micro_batch), ("--hidden", hidden),
-                        ("--heads", heads), ("--tp", tp)):
+                        ("--heads", heads), ("--tp", tp), ("--cp", cp)):
         _positive(name, value)
     if recompute not in RECOMPUTE:
         raise ValueError(f"--recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
     _divides("--heads", heads, "--hidden", hidden)
     _divides("--tp", tp, "--heads", heads)
+    _divides("--cp", cp, "--seq", seq)
     if sequence_parallel:
-        _divides("--tp", tp, "--seq", seq)
-    sbh, e = seq * micro_batch * hidden, element_bytes
+        _divides("--tp", tp, "--seq", seq // cp)
+    sbh, e = seq // cp * micro_batch * hidden, element_bytes   # this rank's s/c positions
     sp = tp if sequence_parallel else 1
     if recompute == "full":  # only the layer's input is stored; it is sequence-sharded under SP
         return e * sbh // sp
     replicated = (4 * e + 2) * sbh // sp   # layernorms, QKV/MLP inputs, 2 dropout masks: 10sbh at e = 2
     split = 12 * e * sbh // tp             # the rest of the 34sbh: 24sbh/t at e = 2
-    attention = 0 if recompute == "selective" else (2 * e + 1) * heads * seq * seq * micro_batch // tp
+    # the attention core: this rank's s/c queries against all s keys
+    attention = 0 if recompute == "selective" else (2 * e + 1) * heads * (seq // cp) * seq * micro_batch // tp
     return replicated + split + attention  # selective recompute drops the 5as²b/t attention core
 
 
@@ -173,13 +178,14 @@ def estimate_memory(params: int | float | str | None = None, *, dp: int = 1, tp:
                     hidden: int | None = None, heads: int | None = None, seq: int | None = None,
                     micro_batch: int | None = None, vocab: int | None = None, recompute: str = "none",
                     sequence_parallel: bool = False, schedule: str = "1f1b",
-                    microbatches: int | None = None) -> MemoryEstimate:
+                    microbatches: int | None = None, cp: int = 1) -> MemoryEstimate:
     """Bytes per device of a training run; the ``memory`` subcommand.
 
     Give ``params``, or the architecture (``layers``, ``hidden``, ``vocab``, ``seq``) to count them with
     :func:`gpt_param_count`. Activations need ``layers``, ``hidden``, ``heads``, ``seq`` and
     ``micro_batch``; they are 0 when ``micro_batch`` is not given. ``schedule`` ("1f1b" or "gpipe") and
-    ``microbatches`` say how many micro-batches the first pipeline stage holds (min(pp, m) or m).
+    ``microbatches`` say how many micro-batches the first pipeline stage holds (min(pp, m) or m). ``cp`` shards
+    the activations by sequence (the model states stay whole on each of the cp ranks).
     """
     for name, value in (("--dp", dp), ("--tp", tp), ("--pp", pp)):
         _positive(name, value)
@@ -216,7 +222,7 @@ def estimate_memory(params: int | float | str | None = None, *, dp: int = 1, tp:
         per_layer = activation_bytes_per_layer(
             seq=seq, micro_batch=micro_batch, hidden=hidden, heads=heads, tp=tp,
             sequence_parallel=sequence_parallel, recompute=recompute,
-            element_bytes=2 if precision == "mixed" else 4)
+            element_bytes=2 if precision == "mixed" else 4, cp=cp)
         activations = per_layer * (layers // pp) * in_flight
     return MemoryEstimate(params=params, params_bytes=weights, grads_bytes=grads, optimizer_bytes=opt,
                           activations_bytes=activations)

@@ -31,6 +31,10 @@ with full recompute one layer's activations while it is recomputed, and with ZeR
 buffers, fragmentation). ZeRO-2/3 are used without PP (FSDP), ZeRO-1 (Megatron's distributed optimizer)
 with it.
 
+Long sequences (``seq=``, from Python): when no layout fits with whole sequences, the activations are the wall
+and the search adds context parallelism, cp ranks per sequence (ring attention: traffic.py's "cp", memory.py's
+sequence shard), as strategy "cp"; its replicated gradients are reduced over dp × cp.
+
 Step time: compute = 6Ψ FLOPs per token (8Ψ with full recompute: one more forward; Narayanan et al. 2021
 §5.1) over tp·pp GPUs, stretched by the 1F1B bubble to (m + pp − 1)/m; plus tensor- and pipeline-parallel
 traffic (on the critical path); plus data-parallel traffic beyond what overlaps with compute. Traffic is
@@ -43,6 +47,7 @@ import math
 from dataclasses import dataclass
 
 from partrain_edu.theory import grid
+from partrain_edu.theory.batch_limit import max_dp_for_batch
 from partrain_edu.theory.memory import activation_bytes_per_layer, estimate_memory
 from partrain_edu.theory.traffic import LINKS, step_traffic
 from partrain_edu.units import format_bytes, format_count, parse_size
@@ -52,7 +57,8 @@ GLOBAL_BATCH = 1024             # sequences per optimizer step
 FLOPS_PER_GPU = 400e12          # sustained; ≈ 40 % of an H100's 989 TFLOP/s dense bf16 peak
 USABLE_FRACTION = 0.9
 SIMPLICITY_MARGIN = 1.5         # a simpler family may be up to 1.5x slower than the fastest layout
-FAMILIES = ("ddp", "fsdp", "3d")
+FAMILIES = ("ddp", "fsdp", "fsdp-tp", "3d", "cp")
+SIMPLEST_FIRST = ("ddp", "fsdp", "fsdp-tp")  # taken when it fits, hides its dp traffic, is not much slower
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,7 @@ class Layout:
     bytes_per_device: int
     step_time_s: float
     exposed_comm_s: float
+    cp: int = 1              # context-parallel ranks sharing each sequence
 
 
 @dataclass(frozen=True)
@@ -98,20 +105,22 @@ class Plan:
     layout: Layout
     reason: str
     shape: Shape
+    seq: int = SEQ
 
     def to_dict(self) -> dict:
-        """The ``plan --json`` object."""
+        """The ``plan --json`` object ("cp" only when the plan splits the sequence)."""
         lay = self.layout
         return {"strategy": lay.strategy, "dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "zero": lay.zero,
-                "bytes_per_device": lay.bytes_per_device, "reason": self.reason}
+                "bytes_per_device": lay.bytes_per_device, "reason": self.reason} | ({"cp": lay.cp} if lay.cp > 1 else {})
 
     def table(self) -> str:
         lay, shape = self.layout, self.shape
         return "\n".join([
-            f"strategy {lay.strategy}: dp={lay.dp} tp={lay.tp} pp={lay.pp} zero={lay.zero}",
+            f"strategy {lay.strategy}: dp={lay.dp} tp={lay.tp} pp={lay.pp}" + (f" cp={lay.cp}" if lay.cp > 1 else "")
+            + f" zero={lay.zero}",
             f"  {format_bytes(lay.bytes_per_device)} per GPU; micro-batch {lay.micro_batch} x {lay.microbatches}, "
             f"recompute {lay.recompute}; about {lay.step_time_s:.3g} s per step",
-            f"  assumed shape: {shape.layers} layers, hidden {shape.hidden}, {shape.heads} heads, seq {SEQ}",
+            f"  assumed shape: {shape.layers} layers, hidden {shape.hidden}, {shape.heads} heads, seq {self.seq}",
             f"  why: {self.reason}"])
 
 
@@ -126,70 +135,86 @@ def _powers_of_two(limit: int) -> list[int]:
 
 
 def candidate_layouts(params: int | str, gpus: int, gpu_memory: int | str, gpus_per_node: int = 8,
-                      interconnect: str = "infiniband", global_batch: int = GLOBAL_BATCH) -> list[Layout]:
-    """Every layout of ``gpus`` GPUs that fits ``gpu_memory`` bytes each, with its estimated step time."""
+                      interconnect: str = "infiniband", global_batch: int = GLOBAL_BATCH, seq: int = SEQ) -> list[Layout]:
+    """Every layout of ``gpus`` GPUs that fits ``gpu_memory`` bytes each, with its estimated step time. Context
+    parallelism (cp > 1) is searched only when no layout fits without it: when sequences of ``seq`` tokens make the
+    activations the wall (its ring sends K and V every layer, so it is not a first choice)."""
     params, gpu_memory = (parse_size(v) if isinstance(v, (str, float)) else v for v in (params, gpu_memory))
     for flag, value in (("--params", params), ("--gpus", gpus), ("--gpu-memory", gpu_memory),
-                        ("--gpus-per-node", gpus_per_node), ("global_batch", global_batch)):
+                        ("--gpus-per-node", gpus_per_node), ("global_batch", global_batch), ("--seq", seq)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{flag} must be a positive whole number, got {value!r}")
     if interconnect not in LINKS:  # "nvlink" between nodes: NVLink-switch systems such as GB200 NVL72
         raise ValueError(f"--interconnect must be one of {', '.join(LINKS)}, got {interconnect!r}")
     if gpus > gpus_per_node and gpus % gpus_per_node:
         raise ValueError(f"--gpus {gpus} is not a multiple of --gpus-per-node {gpus_per_node}; use whole nodes")
+    args = (params, gpus, gpu_memory, gpus_per_node, interconnect, global_batch, seq)
+    return _layouts(*args, cps=[1]) or _layouts(*args, cps=[c for c in _powers_of_two(gpus)
+                                                            if c > 1 and seq % (2 * c) == 0])
+
+
+def _layouts(params, gpus, gpu_memory, gpus_per_node, interconnect, global_batch, seq, cps) -> list[Layout]:
     shape = assumed_shape(params)
     layer_params = 12 * shape.hidden**2 + 13 * shape.hidden
-
-
     layouts = []
-    for tp in _powers_of_two(min(gpus_per_node, gpus)):
+    for tp, cp in ((tp, cp) for tp in _powers_of_two(min(gpus_per_node, gpus)) for cp in cps):
         for pp in [d for d in range(1, shape.layers + 1) if shape.layers % d == 0]:
-            if tp * pp > gpus or gpus % (tp * pp) or shape.heads % tp:
+            if tp * pp * cp > gpus or gpus % (tp * pp * cp) or shape.heads % tp:
                 continue
-            dp = gpus // (tp * pp)
-            strategy_zeros = [("ddp", 0), ("fsdp", 2), ("fsdp", 3)] if tp == pp == 1 else [("3d", 0), ("3d", 1)]
+            dp = gpus // (tp * pp * cp)
+            if dp > max_dp_for_batch(global_batch):  # a replica without a whole sequence would idle
+                continue
+            if cp > 1:
+                strategy_zeros = [("cp", 0), ("cp", 1)] + ([("cp", 3)] if tp == pp == 1 else [])
+            else:
+                strategy_zeros = ([("ddp", 0), ("fsdp", 2), ("fsdp", 3)] if tp == pp == 1 else
+                                  [("3d", 0), ("3d", 1)] + ([("fsdp-tp", 3)] if pp == 1 else []))  # 2D: ZeRO-3 × tp
             seqs = math.ceil(global_batch / dp)  # sequences per model replica per step
             for (strategy, zero), recompute, b in (
                     (sz, r, b) for sz in strategy_zeros for r in ("none", "selective", "full")
                     for b in _powers_of_two(min(seqs, 64))):
                 m = math.ceil(seqs / b)
                 mem = estimate_memory(params, dp=dp, tp=tp, pp=pp, zero=zero, layers=shape.layers,
-                                      hidden=shape.hidden, heads=shape.heads, seq=SEQ, micro_batch=b,
-                                      recompute=recompute, sequence_parallel=tp > 1, microbatches=m)
+                                      hidden=shape.hidden, heads=shape.heads, seq=seq, micro_batch=b,
+                                      recompute=recompute, sequence_parallel=tp > 1, microbatches=m, cp=cp)
                 transient = 2 * 2 * layer_params // tp if zero == 3 else 0
                 if recompute == "full":
-                    transient += activation_bytes_per_layer(seq=SEQ, micro_batch=b, hidden=shape.hidden,
-                                                            heads=shape.heads, tp=tp, sequence_parallel=tp > 1)
+                    transient += activation_bytes_per_layer(seq=seq, micro_batch=b, hidden=shape.hidden,
+                                                            heads=shape.heads, tp=tp, sequence_parallel=tp > 1, cp=cp)
                 total = mem.total_bytes + transient
                 if total > USABLE_FRACTION * gpu_memory:
                     continue
-                flops = (8 if recompute == "full" else 6) * params * seqs * SEQ / (tp * pp)
+                flops = (8 if recompute == "full" else 6) * params * seqs * seq / (tp * pp * cp)
                 compute = flops / FLOPS_PER_GPU * (m + pp - 1) / m
-                shape_kw = dict(layers=shape.layers, hidden=shape.hidden, seq=SEQ, micro_batch=b, microbatches=m)
-                sizes = {"pp": pp, "dp": dp, "tp": tp}
+                shape_kw = dict(layers=shape.layers, hidden=shape.hidden, seq=seq, micro_batch=b, microbatches=m)
+                sizes = {"pp": pp, "dp": dp, "tp": tp} | ({"cp": cp} if cp > 1 else {})
 
                 def bandwidth(dim: str) -> float:
                     return LINKS[link_of(dim, sizes, gpus_per_node, interconnect)]
                 critical = (step_traffic("tp", tp=tp, pp=pp, **shape_kw).per_rank_bytes_sent / bandwidth("tp")
                             + step_traffic("pp", pp=pp, **shape_kw).per_rank_bytes_sent / bandwidth("pp"))
+                if cp > 1:   # the K/V ring, every layer (its overlap with attention is not counted)
+                    critical += step_traffic("cp", cp=cp, tp=tp, pp=pp, **shape_kw).per_rank_bytes_sent / bandwidth("cp")
                 dp_name = "ddp" if zero == 0 else f"zero{zero}"
-                dp_time = (step_traffic(dp_name, params, dp=dp, tp=tp, pp=pp, microbatches=m)
+                # the replicated gradients are reduced over dp × cp together (Megatron-Core does the same)
+                dp_time = (step_traffic(dp_name, params, dp=dp * cp, tp=tp, pp=pp, microbatches=m)
                            .per_rank_bytes_sent / bandwidth("dp"))
                 exposed = max(0.0, dp_time - compute)
                 layouts.append(Layout(strategy, dp, tp, pp, zero, b, m, recompute, total,
-                                      compute + critical + exposed, exposed + critical))
+                                      compute + critical + exposed, exposed + critical, cp))
     return layouts
 
 
 def plan(params: int | str, gpus: int, gpu_memory: int | str, gpus_per_node: int = 8, interconnect: str = "infiniband",
-         global_batch: int = GLOBAL_BATCH) -> Plan:
+         global_batch: int = GLOBAL_BATCH, seq: int = SEQ) -> Plan:
     """The ``plan`` subcommand: the simplest family that fits and hides its traffic, else the fastest layout.
 
     ``global_batch`` (sequences per step, not a CLI flag) sets the compute that data-parallel traffic can
-    hide behind: on many GPUs a fixed batch leaves each one too little work to hide an all-reduce.
+    hide behind: on many GPUs a fixed batch leaves each one too little work to hide an all-reduce. ``seq``
+    (tokens per sequence, not a CLI flag) long enough makes the activations the wall: then the plan is "cp".
     """
     params, gpu_memory = (parse_size(v) if isinstance(v, (str, float)) else v for v in (params, gpu_memory))
-    layouts = candidate_layouts(params, gpus, gpu_memory, gpus_per_node, interconnect, global_batch)
+    layouts = candidate_layouts(params, gpus, gpu_memory, gpus_per_node, interconnect, global_batch, seq)
     if not layouts:
         raise ValueError(f"{format_count(params)} parameters fit no layout of {gpus} GPU(s) with "
                          f"{format_bytes(gpu_memory)} each, even with ZeRO-3 and full recompute; use more GPUs "
@@ -201,12 +226,12 @@ def plan(params: int | str, gpus: int, gpu_memory: int | str, gpus_per_node: int
         lay = best[f]
         return lay is not None and lay.exposed_comm_s == 0 and lay.step_time_s <= SIMPLICITY_MARGIN * fastest
 
-    family = next((f for f in ("ddp", "fsdp") if acceptable(f)), None) or min(
+    family = next((f for f in SIMPLEST_FIRST if acceptable(f)), None) or min(
         (f for f in FAMILIES if best[f]), key=lambda f: best[f].step_time_s)
     chosen = best[family]
 
     def rejected(families: tuple[str, ...]) -> str:
-        names = {"ddp": "plain DDP", "fsdp": "sharding alone (FSDP)"}
+        names = {"ddp": "plain DDP", "fsdp": "sharding alone (FSDP)", "fsdp-tp": "FSDP × TP"}
         fitting = [best[f] for f in families if best[f]]
         if not fitting and len(families) == 1:
             return f"{names[families[0]]} does not fit one {format_bytes(gpu_memory)} GPU"
@@ -221,10 +246,17 @@ def plan(params: int | str, gpus: int, gpu_memory: int | str, gpus_per_node: int
     states = f"{format_count(params)} parameters need {format_bytes(16 * params)} of mixed-precision Adam states"
     needs = f"needs {format_bytes(chosen.bytes_per_device)} per GPU" + (
         f" with {chosen.recompute} activation recompute" if chosen.recompute != "none" else "")
+    # the global batch feeds at most B replicas (theory.batch_limit): say so when it, not memory, forbids more dp
+    batch = (f"; a global batch of {global_batch:,} sequences feeds at most {max_dp_for_batch(global_batch):,} "
+             f"data-parallel replicas" if gpus > max_dp_for_batch(global_batch) else "")
     if family == "ddp":
         where = "one GPU trains it alone (add GPUs with plain DDP)" if gpus == 1 else \
             f"plain data parallel (DDP) over {gpus} GPUs is enough"
         reason = f"{states}, which fit one {format_bytes(gpu_memory)} GPU with the activations, so {where}: it {needs}."
+    elif family == "fsdp-tp":
+        hidden = ", its collectives hidden behind compute" if chosen.exposed_comm_s == 0 else ""
+        reason = (f"{states}; {rejected(('ddp', 'fsdp'))}, so tensor parallel {chosen.tp} inside a node and ZeRO-3 "
+                  f"over {chosen.dp} replicas of {chosen.tp} GPUs (FSDP × TP){batch}: it {needs}{hidden}.")
     elif family == "fsdp":
         mode = "FULL_SHARD" if chosen.zero == 3 else "SHARD_GRAD_OP"
         hidden = ", its collectives hidden behind compute" if chosen.exposed_comm_s == 0 else ""
@@ -232,9 +264,14 @@ def plan(params: int | str, gpus: int, gpu_memory: int | str, gpus_per_node: int
                   f"{chosen.dp} GPUs (FSDP {mode}) it {needs}{hidden}.")
     else:
         parts = [f"tensor parallel {chosen.tp} inside a node"] if chosen.tp > 1 else []
+        if chosen.cp > 1:
+            parts.append(f"context parallel {chosen.cp} (ring attention: each GPU holds {seq // chosen.cp:,} of the "
+                         f"{seq:,} positions)")
         if chosen.pp > 1:
             parts.append(f"pipeline parallel {chosen.pp} across {'nodes' if gpus > gpus_per_node else 'GPUs'}")
         if chosen.dp > 1:
             parts.append(f"data parallel {chosen.dp} outside (ZeRO-{chosen.zero})")
-        reason = f"{states}; {rejected(('ddp', 'fsdp'))}, so {', '.join(parts)}: it {needs}."
-    return Plan(chosen, reason, assumed_shape(params))
+        wall = (f"; at {seq:,} tokens per sequence no layout fits unless the sequence is split too"
+                if family == "cp" else "")
+        reason = f"{states}; {rejected(SIMPLEST_FIRST)}{wall}{batch}, so {', '.join(parts)}: it {needs}."
+    return Plan(chosen, reason, assumed_shape(params), seq)

@@ -31,6 +31,10 @@ per step (gradient accumulation):
   over the tp group; l/pp layers per rank.
 - ``pp``: each micro-batch's boundary activations b·s·h go forward to the next stage and their gradient
   comes back: a middle stage sends 2m messages, the first and last stage m (we report the busiest rank).
+- ``cp``: ring attention (Liu et al. 2023) over c ranks, each holding s/c positions: per layer per micro-batch
+  its K and V blocks, 2·b·(s/c)·h·e/t bytes, hop c−1 times forward; backward re-sends them and sends the dK, dV
+  accumulators as many times: (c−1)/c · 2bshe/t forward, twice that backward (:func:`cp_bytes_per_layer`).
+  With ``params``, the replicated gradients' all-reduce over the c ranks is added.
 
 With ``--tp``/``--pp`` given to ``ddp``/``zero*``, the data-parallel collectives carry one model-parallel
 shard, Ψ/(tp·pp) parameters (as in memory.py). **Link time** (Hockney's α–β model): :func:`link_time` and
@@ -44,7 +48,7 @@ from dataclasses import dataclass
 
 from partrain_edu.units import format_bytes, parse_size
 
-STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "tp", "pp")
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "tp", "pp", "cp")
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send")
 
 # Bytes per second in one direction, per GPU.
@@ -181,6 +185,17 @@ class StepTraffic:
         return "\n".join(lines)
 
 
+def cp_bytes_per_layer(*, seq: int, micro_batch: int, hidden: int, cp: int, tp: int = 1,
+                       bytes_per_element: int = 2) -> dict[str, int]:
+    """Bytes one rank sends around the context-parallel ring for one layer and micro-batch, per pass: forward its
+    K, V blocks c−1 hops, (c−1)/c of the whole K and V; backward those again plus the dK, dV accumulators."""
+    _need("cp", seq=seq, micro_batch=micro_batch, hidden=hidden, cp=cp, tp=tp, bytes_per_element=bytes_per_element)
+    if seq % cp or hidden % tp:
+        raise ValueError(f"--cp {cp} must divide --seq {seq} and --tp {tp} --hidden {hidden}")
+    block = 2 * micro_batch * (seq // cp) * (hidden // tp) * bytes_per_element   # this rank's K and V
+    return {"forward": (cp - 1) * block, "backward": 2 * (cp - 1) * block}
+
+
 def _need(strategy: str, **given) -> None:
     missing = [name for name, value in given.items() if value is None]
     if missing:
@@ -193,13 +208,13 @@ def _need(strategy: str, **given) -> None:
 
 
 def step_traffic(strategy: str, params: int | float | str | None = None, *, dp: int = 1, tp: int = 1, pp: int = 1,
-                 layers: int | None = None, hidden: int | None = None, seq: int | None = None,
+                 cp: int = 1, layers: int | None = None, hidden: int | None = None, seq: int | None = None,
                  micro_batch: int | None = None, microbatches: int = 1,
                  bytes_per_element: int = 2) -> StepTraffic:
     """What the busiest rank sends in one step under ``strategy``; the ``traffic`` subcommand."""
     if strategy not in STRATEGIES:
         raise ValueError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
-    _need(strategy, dp=dp, tp=tp, pp=pp, microbatches=microbatches, bytes_per_element=bytes_per_element)
+    _need(strategy, dp=dp, tp=tp, pp=pp, cp=cp, microbatches=microbatches, bytes_per_element=bytes_per_element)
     m, b = microbatches, bytes_per_element
     if strategy in ("ddp", "zero1", "zero2", "zero3"):
         if isinstance(params, (str, float)):  # notebooks may say 7.5e9 or "7.5B"
@@ -217,6 +232,19 @@ def step_traffic(strategy: str, params: int | float | str | None = None, *, dp: 
             raise ValueError(f"--layers {layers} is not divisible by --pp {pp}; pick --pp that divides --layers")
         activation = micro_batch * seq * hidden * b
         calls = [Collective("all_reduce", 4 * (layers // pp) * m, activation, tp)]
+    elif strategy == "cp":
+        _need(strategy, layers=layers, hidden=hidden, seq=seq, micro_batch=micro_batch)
+        if cp < 2:
+            raise ValueError(f"--strategy cp needs --cp 2 or more (the ranks that share each sequence), got {cp}")
+        if layers % pp:
+            raise ValueError(f"--layers {layers} is not divisible by --pp {pp}; pick --pp that divides --layers")
+        per_layer = cp_bytes_per_layer(seq=seq, micro_batch=micro_batch, hidden=hidden, cp=cp, tp=tp,
+                                       bytes_per_element=b)
+        block = per_layer["forward"] // max(cp - 1, 1)   # one hop's message: this rank's K and V
+        calls = [Collective("send", 3 * (cp - 1) * (layers // pp) * m, block, cp)]
+        if params is not None:
+            params = parse_size(params) if isinstance(params, (str, float)) else params
+            calls.append(Collective("all_reduce", 1, -(-params // (tp * pp)) * b, cp))
     else:  # pp
         _need(strategy, hidden=hidden, seq=seq, micro_batch=micro_batch)
         activation = micro_batch * seq * hidden * b
