@@ -2,13 +2,13 @@
 
     a100 = DEVICES["a100"]; layer_seconds(GPT_1_3B, tokens=2048, device=a100)   # one layer's forward
 
-**Devices** (vendor datasheets, SXM parts): peak dense bf16 FLOP/s, memory, NVLink bandwidth each way and the
-NIC bandwidth per GPU. **Links** follow Hockney's α–β model (Hockney 1994): a message of S bytes costs α + S/β;
-β are `traffic.LINKS`; α are `traffic.LATENCY` (orders of magnitude — fit this machine's with
-`benchmarks/alpha_beta.py`). **A layer's forward** of a GPT of hidden size h over B·s tokens costs
-24·B·s·h² + 4·B·s²·h FLOPs (Narayanan et al. 2021, §5.1: the four h×h-sized projections of attention and the
-two 4h MLP matmuls, 2 FLOPs per multiply-add, plus the s×s attention scores); backward costs twice that.
-Pure Python: no torch.
+**Devices** (vendor datasheets, SXM parts): peak dense bf16 FLOP/s, memory, NVLink bandwidth each way, the NIC
+bandwidth per GPU, and HBM bandwidth (the roofline's slope, `theory.efficiency`). **Links** follow Hockney's α–β
+model (Hockney 1994): a message of S bytes costs α + S/β; β are `traffic.LINKS`; α are `traffic.LATENCY` (orders
+of magnitude — fit this machine's with `benchmarks/alpha_beta.py`). **A layer's forward** of a GPT of hidden size
+h over B·s tokens costs 24·B·s·h² + 4·B·s²·h FLOPs (Narayanan et al. 2021, §5.1: the four h×h-sized projections
+of attention and the two 4h MLP matmuls, 2 FLOPs per multiply-add, plus the s×s attention scores); backward
+costs twice that. Pure Python: no torch.
 """
 from __future__ import annotations
 
@@ -23,15 +23,18 @@ class Device:
     nvlink: float          # bytes/s each way to another GPU of the node
     nic: float             # bytes/s each way off the node, per GPU
     source: str
+    hbm: float             # bytes/s between HBM and the chip: the roofline's slope (Williams et al. 2009)
 
 
 DEVICES = {
     # A100 SXM4 80GB datasheet: 312 TFLOP/s bf16 dense; NVLink 3: 600 GB/s total = 300 GB/s each way;
-    # DGX A100: one 200 Gb/s HDR InfiniBand port per GPU = 25 GB/s.
-    "a100": Device("A100 SXM 80GB", 312e12, 80e9, 300e9, 25e9, "NVIDIA A100 datasheet; DGX A100 user guide"),
+    # DGX A100: one 200 Gb/s HDR InfiniBand port per GPU = 25 GB/s; HBM2e: 2,039 GB/s.
+    "a100": Device("A100 SXM 80GB", 312e12, 80e9, 300e9, 25e9, "NVIDIA A100 datasheet; DGX A100 user guide",
+                   hbm=2039e9),
     # H100 SXM5 datasheet: 989 TFLOP/s bf16 dense (1979 with sparsity); NVLink 4: 900 GB/s = 450 GB/s each way;
-    # DGX H100: one 400 Gb/s NDR port per GPU = 50 GB/s.
-    "h100": Device("H100 SXM 80GB", 989e12, 80e9, 450e9, 50e9, "NVIDIA H100 datasheet; DGX H100 user guide"),
+    # DGX H100: one 400 Gb/s NDR port per GPU = 50 GB/s; HBM3: 3.35 TB/s.
+    "h100": Device("H100 SXM 80GB", 989e12, 80e9, 450e9, 50e9, "NVIDIA H100 datasheet; DGX H100 user guide",
+                   hbm=3.35e12),
 }
 
 
