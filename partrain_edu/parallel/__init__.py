@@ -1,4 +1,4 @@
-"""The library: data, tensor and pipeline parallelism on torch.distributed, each piece readable in one file.
+"""The library: data, tensor, pipeline, context and expert parallelism on torch.distributed, one piece per file.
 
 Nothing here imports the course harness (`partrain_edu.train`, `partrain_edu.cli`, `partrain_edu.strategies`,
 `partrain_edu.models`): every piece wraps any nn.Module. The strategies `partrain-edu train` runs are built from
@@ -28,5 +28,5 @@ explicitly (`ctx.group("tp")` from `runtime.init(dp=…, tp=…, pp=…)`); `gro
 RS: reduce-scatter, AG: all-gather.
 """
 # Submodules, imported on use: `import partrain_edu.parallel` stays free of torch.
-__all__ = ["buckets", "context", "ddp", "flat_shard", "fsdp", "fsdp_unit", "hybrid", "mixed_precision", "moe", "moe_routing", "pipeline", "pp_comm", "ring",
-           "sequence", "tensor", "torch_tp", "tp_comm", "zero"]
+__all__ = ["buckets", "context", "ddp", "flat_shard", "fsdp", "fsdp_unit", "hybrid", "mixed_precision", "moe",
+           "moe_routing", "pipeline", "pp_comm", "ring", "sequence", "tensor", "torch_tp", "tp_comm", "zero"]

@@ -4,24 +4,26 @@
     mail = Mailbox(infer_boundaries([stage], s, ranks, x[:b]), m)  # each boundary's (b, …) shape, measured once
     PipelineExecutor(build_schedule("1f1b", p, m), [stage], s, ranks, mail, F.mse_loss).step(x, y)
 
-**Sharded**: the layers. Rank s holds a contiguous run, chosen to balance parameter counts or at given boundaries;
-with interleaving (Narayanan et al. 2021, §2.2.2) V chunks, virtual stage v = chunk·p + s.
-**Communicated** (pp_comm.py): per micro-batch and boundary, the activation forward and its gradient back, of
-that boundary's own shape; a middle stage sends 2m messages per step (`theory.traffic`'s "pp").
-**Schedule**: rank s runs exactly `theory.schedules.build_schedule(...).actions[s]`, the simulator's lists; each
-action waits only for its message: the bubble, (p−1)/(m+p−1) for GPipe (Huang et al. 2019) and 1F1B. Events are
-recorded in the simulator's shape (`viz.pipeline` draws them) and stashed activations counted: GPipe m, 1F1B p − s.
+**Sharded**: the layers, balanced by parameter count or at given boundaries; with interleaving (Narayanan et al.
+2021, §2.2.2) V chunks, virtual stage v = chunk·p + s. **Communicated** (pp_comm.py): per micro-batch and
+boundary, the activation forward and its gradient back; a middle stage sends 2m messages per step.
+**Schedule**: rank s runs exactly `theory.schedules.build_schedule(...).actions[s]`; each action waits only for its
+message: the bubble (气泡), (p−1)/(m+p−1) for GPipe (Huang et al. 2019) and 1F1B. Under ZB-H1 (Qi et al. 2023)
+B is the input gradient only and W, later, the weights' (`split_backward`). Events are recorded in the
+simulator's shape and stashed activations counted (GPipe m, 1F1B p − s, ZB-H1 p: W holds its graph).
 **Equivalence**: gradients are Σ_mb (loss_mb / m)', one process's accumulation: the same loss and gradients.
 TinyGPT's stages (embedding first, head last) and the pp-* strategies: strategies/pipeline.py.
 """
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager, nullcontext
 from itertools import accumulate
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.autograd.graph import get_gradient_edge
 
 from partrain_edu.data import split_microbatches
 from partrain_edu.parallel.pp_comm import Boundary, Mailbox
@@ -109,6 +111,79 @@ def infer_boundaries(chunks: list[nn.Module], stage: int, ranks: list[int], samp
     return found
 
 
+# Zero bubble's split backward, on any module. B asks autograd for the gradients of the stage input and of every
+# weighted module's output (a module holding trainable parameters itself: Linear, LayerNorm, Embedding, …): the
+# input-gradient chain, no weight gradient computed, for autograd skips edges nobody asked for. W then runs, from
+# each such output and its gradient, only the edges into that module's own parameters. We split per module rather
+# than walk the autograd graph (torch's `stage_backward_input`): readable in a few lines, the same arithmetic for
+# layers that apply their weight last (Linear, LayerNorm, Embedding; a module whose own weight feeds its children
+# would redo their input gradients in W, correct but slower), and refused, never silently wrong, where a weight
+# is reached other than through its own module's output.
+def _weighted(chunk: nn.Module) -> list[nn.Module]:
+    return [mod for mod in chunk.modules() if any(p.requires_grad for p in mod.parameters(recurse=False))]
+
+
+@contextmanager
+def _recording(modules: list[nn.Module]):
+    """[(module, output)] of each weighted module's forward while the block runs (once each, a tensor)."""
+    seen: list[tuple[nn.Module, torch.Tensor]] = []
+
+    def hook(mod, args, out):
+        if not isinstance(out, torch.Tensor) or any(m is mod for m, _ in seen):
+            raise ValueError(f"B/W split needs each weighted module to return one tensor, once per forward; "
+                             f"{type(mod).__name__} does not: use a schedule without W (1f1b)")
+        seen.append((mod, out))
+    handles = [mod.register_forward_hook(hook) for mod in modules]
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _check_split(out: torch.Tensor, recorded, chunk: nn.Module) -> None:
+    """Every path from `out` to a parameter must pass through its own module's output, or W would miss it
+    (a weight used by another module, e.g. tied): a one-line ValueError. Walked once, on the first forward."""
+    def reached(avoid) -> set[int]:  # ids of the parameters autograd reaches from `out` without passing `avoid`
+        seen, todo, found = set(), [out.grad_fn], set()
+        while todo:
+            node = todo.pop()
+            if node is None or node is avoid or node in seen:
+                continue
+            seen.add(node)
+            if hasattr(node, "variable"):   # an AccumulateGrad: a leaf's gradient lands here
+                found.add(id(node.variable))
+            todo.extend(n for n, _ in node.next_functions)
+        return found
+    owner = {id(mod): y.grad_fn for mod, y in recorded}
+    for mod in _weighted(chunk):
+        leak = reached(owner.get(id(mod))) & {id(p) for p in mod.parameters(recurse=False)}
+        if leak:
+            name = next(n for n, p in chunk.named_parameters() if id(p) in leak)
+            raise ValueError(f"parameter {name} is reached other than through its module's output (shared or "
+                             "tied?), so the B/W split cannot compute its gradient: use 1f1b")
+
+
+def backward_input(out, grad, inp, recorded) -> tuple[torch.Tensor | None, list]:
+    """B: the stage input's gradient and, kept for W, each weighted module's (output, output gradient)."""
+    ys = [(mod, y) for mod, y in recorded if y.requires_grad]
+    wanted = ([inp] if inp.requires_grad else []) + [y for _, y in ys]
+    if not (out.requires_grad and wanted):
+        return None, []
+    grads = torch.autograd.grad(out, wanted, grad, retain_graph=True, allow_unused=True)  # the graph stays for W
+    dys = grads[1:] if inp.requires_grad else grads
+    # W needs each output's place in the graph (an edge), not its values: those are freed now, unless saved
+    return (grads[0] if inp.requires_grad else None), [(mod, get_gradient_edge(y), dy)
+                                                       for (mod, y), dy in zip(ys, dys) if dy is not None]
+
+
+def backward_weight(pending) -> None:
+    """W: each weighted module's parameter gradients from its output's, accumulated into .grad as backward does."""
+    for mod, edge, dy in pending:
+        own = [p for p in mod.parameters(recurse=False) if p.requires_grad]
+        torch.autograd.backward(edge, dy, inputs=own, retain_graph=True)  # the graph goes with the stash entry
+
+
 class PipelineExecutor:
     """Runs one rank's action list of a `Schedule` over its `chunks` (any modules: virtual stages stage, stage + p,
     …), with real sends/receives through `mailbox`, `ranks[s]` being stage s's rank; records what ran when."""
@@ -118,56 +193,73 @@ class PipelineExecutor:
         self.schedule, self.chunks, self.stage, self.ranks, self.mail = schedule, chunks, stage, ranks, mailbox
         self.loss_fn = loss_fn  # (last virtual stage's output, targets) → the micro-batch's mean loss
         self.clock = clock      # what events are timed with: wall time, or an emulated device's clock
+        self.charged = None     # (kind, chunk) → a context around each action's work: an emulated device's cost
         virtual = schedule.stages * schedule.chunks
         if (len(chunks), len(ranks), mailbox.vs) != (schedule.chunks, schedule.stages, virtual):
             raise ValueError(f"schedule {schedule.name!r} has {schedule.stages} stages of {schedule.chunks} chunks: "
                              f"give {schedule.chunks} chunks, {schedule.stages} ranks and a Mailbox of "
                              f"{virtual - 1} boundaries (got {len(chunks)}, {len(ranks)}, {mailbox.vs - 1})")
         self.p, self.last_virtual = schedule.stages, virtual - 1
+        self.weighted = [_weighted(c) if schedule.split_backward else [] for c in chunks]
+        self.unchecked = set(range(len(chunks))) if schedule.split_backward else set()
         self.events: list[dict] = []       # this rank's last step, in seconds of `clock`
         self.peak = 0                      # most (micro-batch, chunk) activations stashed at once, last step
 
     def rank_of(self, virtual: int) -> int:
         return self.ranks[virtual % self.p]
 
+    def _work(self, kind: str, chunk: int):
+        return nullcontext() if self.charged is None else self.charged(kind, chunk)
+
     def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
         """Forward and backward of every micro-batch, in the schedule's order. Gradients accumulate in the
         chunks' parameters; returns (loss sum, samples) on the last stage, (0.0, 0) elsewhere."""
         m = 1 if self.schedule.batch_scale > 1 else self.schedule.microbatches  # naive: one whole batch
         micro = split_microbatches(x, y, m)          # [(B/m, …), (B/m, …)] per micro-batch
-        stash: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (mb, chunk) → (input, output)
+        stash: dict[tuple[int, int], tuple] = {}     # (mb, chunk) → (input, output, recorded), then W's work
         self.events, self.peak, loss_sum = [], 0, 0.0
         for a in self.schedule.actions[self.stage]:
-            v = a.chunk * self.p + self.stage
+            v, key = a.chunk * self.p + self.stage, (a.microbatch, a.chunk)
             if a.kind == "F":
                 if v == 0:
                     inp = micro[a.microbatch][0]
                 else:  # wait for the previous virtual stage's activation (the bubble, if it is late)
                     inp = self.mail.recv(self.rank_of(v - 1), "F", a.microbatch, v).requires_grad_()
                 start = self.clock()
-                out = self.chunks[a.chunk](inp)
+                with self._work("F", a.chunk), _recording(self.weighted[a.chunk]) as recorded:
+                    out = self.chunks[a.chunk](inp)
                 if v == self.last_virtual:
                     yb = micro[a.microbatch][1]
                     loss = self.loss_fn(out, yb)
                     loss_sum += loss.item() * yb.size(0)
                     out = loss / m                   # backward from the scaled loss, as `accumulate`
+                if a.chunk in self.unchecked and out.requires_grad:
+                    _check_split(out, recorded, self.chunks[a.chunk])
+                    self.unchecked.discard(a.chunk)
                 end = self.clock()            # before the send: the receiver cannot start earlier
                 if v != self.last_virtual:
                     self.mail.send(out, self.rank_of(v + 1), "F", a.microbatch, v + 1)
-                stash[a.microbatch, a.chunk] = (inp, out)
+                stash[key] = (inp, out, recorded)
                 self.peak = max(self.peak, len(stash))
             elif a.kind == "B":
                 grad = None if v == self.last_virtual else self.mail.recv(self.rank_of(v + 1), "B", a.microbatch, v)
                 start = self.clock()
-                inp, out = stash.pop((a.microbatch, a.chunk))   # frees this micro-batch's activations
-                if out.requires_grad:                # not so only on a first stage without parameters
-                    out.backward(grad)
+                inp, out, recorded = stash.pop(key)  # frees this micro-batch's activations, unless W needs them
+                with self._work("B", a.chunk):
+                    if self.schedule.split_backward:  # the input gradient only; W's share waits in the stash
+                        inp_grad, stash[key] = backward_input(out, grad, inp, recorded)
+                    else:
+                        if out.requires_grad:        # not so only on a first stage without parameters
+                            out.backward(grad)
+                        inp_grad = inp.grad
                 end = self.clock()
                 if v > 0:
-                    self.mail.send(inp.grad, self.rank_of(v - 1), "B", a.microbatch, v - 1)
-            else:
-                raise ValueError(f"schedule {self.schedule.name!r} splits W from B; this executor runs "
-                                 "F and B only (pick naive, gpipe, 1f1b or interleaved)")
+                    self.mail.send(inp_grad, self.rank_of(v - 1), "B", a.microbatch, v - 1)
+            else:                                    # W: the weight gradients, then the graph is let go
+                start = self.clock()
+                with self._work("W", a.chunk):
+                    backward_weight(stash.pop(key))
+                end = self.clock()
             self.events.append({"stage": self.stage, "microbatch": a.microbatch, "chunk": a.chunk,
                                 "kind": a.kind, "start": start, "end": end})
         self.mail.flush()

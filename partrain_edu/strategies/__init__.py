@@ -20,7 +20,9 @@
 | pp-gpipe       | strategies.pipeline  | pipeline.PipelineExecutor        | layers / activations, their gradients     |
 | pp-1f1b        | strategies.pipeline  | pipeline.PipelineExecutor        | layers / activations, their gradients     |
 | pp-interleaved | strategies.pipeline  | pipeline.PipelineExecutor        | 2 chunks of layers / the same             |
+| pp-zb1         | strategies.pipeline  | pipeline.PipelineExecutor (B, W) | layers / activations, their gradients     |
 | torch-pp       | strategies.torch_pp  | torch's Schedule1F1B             | layers / activations, their gradients     |
+| torch-pp-zb    | strategies.torch_pp  | torch's ScheduleInterleavedZeroBubble | layers / activations, their gradients |
 | 3d             | strategies.hybrid    | hybrid grid + tensor + pipeline  | all three / each in its own group         |
 | 3d-mesh        | strategies.hybrid    | the same, on init_device_mesh    | all three / each in its own group         |
 | cp             | strategies.context   | context.RingAttention            | sequence / K, V blocks around the ring    |

@@ -7,11 +7,14 @@ micro-batch of 2048-token sequences (`theory.hardware.layer_seconds`); embedding
 equal blocks make equal stages (the premise of the bubble formula). Messages are scaled to what the 1.3B model
 would send: data-parallel gradients and parameters by its bf16 bytes over TinyGPT's fp32 ones, activations by
 s·h·2 over T·H·4 per sample. Unless the device spec says `scale=S`, one step (compute and, for data parallelism, its all-reduce)
-takes about a second of wall time.
+takes about a second of wall time. Under ZB-H1 (pp-zb1) a stage's B and W are charged one forward each.
 Timed: single, ddp, ddp-naive, zero1, zero2, zero3 and pp-*; the others refuse with one line (PyTorch's own
 run their communication in C++, out of the emulator's reach; tensor parallelism is not modelled yet).
 """
 from __future__ import annotations
+
+import time
+from contextlib import contextmanager
 
 from partrain_edu.models import Block, TinyGPT
 from partrain_edu.theory.hardware import GPT_1_3B, layer_forward_flops, layer_seconds
@@ -57,6 +60,18 @@ def charge_tinygpt(em, model, samples: int) -> float:
     return named
 
 
+def charged_apart(em, forward: list[float]):
+    """For an executor whose B and W run apart: (kind, chunk) → a context that charges one forward of that chunk
+    before the work (F, B or W alike, F = B = W) and records the real arithmetic inside it (`report`'s dominance)."""
+    @contextmanager
+    def charged(kind: str, chunk: int):
+        em.compute(forward[chunk])
+        wall = time.perf_counter()
+        yield
+        em.real_s += time.perf_counter() - wall
+    return charged
+
+
 def emulate(strategy) -> None:
     """Charge `strategy`'s blocks (or stages) on `strategy.ctx.emulator`; a one-line ValueError if it can't."""
     em, cfg = strategy.ctx.emulator, strategy.cfg
@@ -65,8 +80,12 @@ def emulate(strategy) -> None:
     samples = cfg.global_batch // (strategy.dp * m)         # sequences per micro-batch on this rank
     layer = block_seconds(em, cfg.model, samples)
     if hasattr(strategy, "executor"):                      # a pipeline: charge each stage its blocks
-        for chunk in strategy.chunks:
-            em.charge(chunk, len(chunk.blocks) * layer)
+        forward = [len(chunk.blocks) * layer for chunk in strategy.chunks]   # one micro-batch through each chunk
+        if strategy.schedule.split_backward:   # ZB: B and W are a backward's two products apart, one forward each
+            strategy.executor.charged = charged_apart(em, forward)
+        else:                                  # the forward, and twice it as the backward starts (compute.py)
+            for chunk, seconds in zip(strategy.chunks, forward):
+                em.charge(chunk, seconds)
         # forward + backward (2×) of every micro-batch through an average stage: the same scale on every rank
         per_step = 3 * m * layer * cfg.model.n_layer / strategy.pp
         strategy.executor.clock = em.now

@@ -1,6 +1,7 @@
-"""`pp-naive`, `pp-gpipe`, `pp-1f1b`, `pp-interleaved`: TinyGPT cut into stages, run by our pipeline executor.
+"""`pp-naive`, `pp-gpipe`, `pp-1f1b`, `pp-interleaved`, `pp-zb1`: TinyGPT cut into stages, run by our executor.
 
     partrain-edu train --strategy pp-1f1b --nproc 4 --pp 4 --microbatches 8 --json
+    partrain-edu train --strategy pp-zb1 --nproc 4 --pp 4 --microbatches 8 --device emulated:a100 --json
     partrain-edu train --strategy pp-interleaved --nproc 2 --microbatches 4 --json   # 2 chunks per rank
 
 Sharded: TinyGPT's blocks (`parallel.pipeline.split_layers` balances parameter counts, the embedding counted with
@@ -9,7 +10,8 @@ each rank holds 2 chunks, virtual stage v = chunk·p + s. Sent per micro-batch a
 activation forward and its gradient back (`parallel.pp_comm.Mailbox`, its shapes measured once by
 `infer_boundaries`), a middle stage 2m messages of (B/m)·T·H·4 bytes per step. The order of work is
 `theory.schedules.build_schedule(...)`'s, executed literally by `parallel.pipeline.PipelineExecutor`; its waits
-are the bubble, (p−1)/(m+p−1) for GPipe and 1F1B. dp = tp = 1; `profile_step` measures one step's timeline.
+are the bubble, (p−1)/(m+p−1) for GPipe and 1F1B, (p−1)(F+B−W)/(m(F+B+W)+(p−1)(F+B−W)) for ZB-H1 (Qi et al.
+2023; B the input gradient, W the weights'). dp = tp = 1; `profile_step` measures one step's timeline.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from partrain_edu.parallel.pipeline import (PipelineExecutor, Stage, gather_time
 from partrain_edu.parallel.pp_comm import Mailbox
 from partrain_edu.strategies.base import Strategy, get_strategy, register
 from partrain_edu.strategies.emulation import emulate
-from partrain_edu.theory.schedules import bubble_formula, build_schedule
+from partrain_edu.theory.schedules import bubble_formula, build_schedule, simulate
 
 
 def check_pipeline(cfg: TrainConfig, name: str, chunks: int = 1) -> int:
@@ -95,6 +97,9 @@ class PipelineParallel(Strategy):
 
     schedule_name: ClassVar[str]
     chunks_per_rank: ClassVar[int] = 1
+    # The simulator's F, B, W per micro-batch and stage, in forwards, as the emulated device charges them: a
+    # backward is two matrix products per forward one (input and weight gradients), run as one B unless split.
+    costs: ClassVar[tuple[int, int, int]] = (1, 2, 0)
 
     @classmethod
     def layout(cls, cfg: TrainConfig) -> tuple[int, int, int]:
@@ -125,7 +130,8 @@ class PipelineParallel(Strategy):
         if self.ctx.emulator is None:
             return {}
         events = gather_timeline(self.executor.events)
-        text, value = bubble_formula(self.schedule_name, self.pp, self.cfg.microbatches, self.chunks_per_rank)
+        text, value = bubble_formula(self.schedule_name, self.pp, self.cfg.microbatches, self.chunks_per_rank,
+                                     *self.costs) or ("simulated", simulate(self.schedule, *self.costs).bubble_fraction)
         return {"bubble": {"measured": measured_bubble(events, self.pp), "formula": float(value),
                            "formula_text": text}}
 
@@ -155,12 +161,19 @@ class Interleaved(PipelineParallel):
     chunks_per_rank = 2
 
 
+@register("pp-zb1")
+class ZeroBubbleH1(PipelineParallel):
+    """1F1B with B (input gradient) and W (weight gradient) apart, W's late to fill the cool-down (ZB-H1)."""
+    schedule_name = "zb-h1"
+    costs = (1, 1, 1)
+
+
 def profile_step(ctx, cfg: TrainConfig, boundaries: list[int] | None = None, warmup: int = 1) -> dict:
     """Run `cfg.strategy` (a pp-* strategy) for `warmup` steps, then one more that is measured; every rank
     returns {"events": all ranks' events (s from the first start), "peaks": per stage, "bubble": measured}."""
     if not issubclass(get_strategy(cfg.strategy), PipelineParallel):
-        raise ValueError(f"profile_step runs our executor: pick pp-naive, pp-gpipe, pp-1f1b or pp-interleaved, "
-                         f"not {cfg.strategy}")
+        raise ValueError(f"profile_step runs our executor: pick pp-naive, pp-gpipe, pp-1f1b, pp-interleaved or "
+                         f"pp-zb1, not {cfg.strategy}")
     strategy = get_strategy(cfg.strategy)(ctx, cfg, boundaries=boundaries)
     if ctx.emulator is not None:
         emulate(strategy)

@@ -158,7 +158,9 @@ def _frame(tl: _Timeline, row_label: str, time_label: str) -> Figure:
     fig.subplots_adjust(left=LEFT, right=RIGHT, top=1 - 0.85 / height, bottom=0.55 / height)
     ticks = _ticks(p)
     gantt.set_yticks(ticks, [f"{row_label} {s}" for s in ticks], fontsize=9)
-    handles = [Patch(color=KIND_COLORS[k], label=KIND_NAMES[k]) for k in tl.kinds] + [Patch(color=IDLE, label="idle (bubble)")]
+    names = {**KIND_NAMES, "B": "input gradient"} if "W" in tl.kinds else KIND_NAMES  # B without W (zero bubble)
+    handles = ([Patch(color=KIND_COLORS[k], label=names[k]) for k in tl.kinds]
+               + [Patch(color=IDLE, label="idle (bubble)")])
     if tl.chunks > 1:
         handles.append(Patch(color=lighten(FORWARD, 0.5), label=f"lighter = later chunk (of {tl.chunks})"))
     gantt.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=len(handles), frameon=False,
