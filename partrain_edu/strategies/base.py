@@ -2,9 +2,10 @@
 
     partrain-edu train --strategy single --steps 20 --json
 
-Every strategy trains the same TinyGPT (same init), on the same data, with the same global batch, fp32 and
-AdamW; it only decides where the bytes live and which bytes move, by wrapping the model in
-`partrain_edu.parallel`'s pieces. So every loss curve must equal `single`'s, the oracle of every test.
+Every strategy trains the same TinyGPT (same init), on the same data, with the same global batch, fp32 master
+weights and AdamW; it only decides where the bytes live and which bytes move, by wrapping the model in
+`partrain_edu.parallel`'s pieces. So every loss curve must equal `single`'s, the oracle of every test (the
+bf16 strategies, which compute and communicate in bf16, within 2⁻⁸: one bf16 rounding).
 `train_step` returns (sum of the per-sample losses this rank accounts for, their number); the loop sums both
 over ranks. `@register("name")` files a class under its name; `strategies()` imports the modules of the
 index (`partrain_edu.strategies.STRATEGY_MODULES`), each of which registers its own.

@@ -5,6 +5,9 @@
 - ``traffic``    bytes each rank sends per training step, per collective (ring cost model)
 - ``schedules``  pipeline schedules as per-stage action lists, and a simulator (GPipe, 1F1B, interleaved, ZB-H1)
 - ``planner``    which strategy for this model on these GPUs (the source notes' decision order, then a search)
+- ``batch_limit`` how many data-parallel replicas a global batch can feed, and when 2D (FSDP × TP) is needed
+- ``efficiency`` FLOPs per token, MFU/HFU, arithmetic intensity and the roofline, comm/compute per dimension
+- ``moe``        mixture-of-experts capacity, dropped tokens, the load-balancing loss, all-to-all bytes
 
 Each is also a ``partrain-edu`` subcommand (``theory/cli.py``); bad input raises ValueError with one line
 that names the fix.
