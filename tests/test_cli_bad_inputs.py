@@ -131,6 +131,12 @@ BEYOND = [
      "--micro-batch 1", "beyond 1e30"),
     ("memory --params 1e99999999999999999999", "cannot read"),
     ("train --strategy single --seed 99999999999999999999999", "--seed must be at most 4294967295"),
+    # issue 18's context parallelism: --cp where it means nothing, and sequences too long for any layout
+    ("memory --params 8B --cp 4", "--cp splits the activations by sequence"),
+    ("traffic --strategy ddp --params 1B --dp 8 --cp 4", "--cp is the ring of --strategy cp"),
+    ("traffic --strategy cp --layers 32 --hidden 4096 --seq 8192 --micro-batch 1", "needs --cp 2 or more"),
+    ("plan --params 13B --gpus 64 --gpu-memory 80GB --seq 0", "--seq: must be at least 1"),
+    ("plan --params 13B --gpus 64 --gpu-memory 80GB --seq 100000000000000000000", "shorter sequences (--seq)"),
 ]
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from partrain_edu.theory.cli import add_subcommands
+from partrain_edu.theory.traffic import step_traffic
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,13 +57,13 @@ def test_pipeline_interleaved_and_zb_h1(capsys):
                  "--chunks", 2)
     assert d["bubble_fraction"] == pytest.approx(3 / 19)        # (p−1)/(v·m+p−1)
     assert {e["chunk"] for e in d["events"]} == {0, 1}
-    d = run_json(capsys, "pipeline", "--stages", 4, "--microbatches", 8, "--schedule", "zb-h1",
-                 "--t-forward", 1, "--t-backward", 1, "--t-weight", 1)
-    assert d["makespan"] == 27.0 and {e["kind"] for e in d["events"]} == {"F", "B", "W"}
+    d = run_json(capsys, "pipeline", "--stages", 4, "--microbatches", 8, "--schedule", "zb-h1")
+    assert d["makespan"] == 27.0 and {e["kind"] for e in d["events"]} == {"F", "B", "W"}   # F = B = W = 1
+    assert d["bubble_fraction"] == pytest.approx(3 / 27)         # a third of 1F1B's idle time, 9 of 33
 
 
 @pytest.mark.parametrize("params, gpus, strategy", [("1.3B", 64, "ddp"), ("13B", 64, "fsdp"), ("175B", 64, "3d"),
-                                                     ("1.3B", 8, "ddp"), ("13B", 8, "fsdp"), ("175B", 1024, "3d")])
+                                                     ("1.3B", 8, "ddp"), ("13B", 8, "fsdp"), ("175B", 1024, "fsdp-tp")])
 def test_plan_must_show(capsys, params, gpus, strategy):
     d = run_json(capsys, "plan", "--params", params, "--gpus", gpus, "--gpu-memory", "80GB")
     assert d["strategy"] == strategy
@@ -132,3 +133,26 @@ def test_python_m_partrain_edu_bad_input_exits_2_with_one_line(argv):
     done = cli(*argv)
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and "error" in done.stderr
+
+
+def test_traffic_cp_passes_the_ring_degree(capsys):
+    shape = ["--layers", 32, "--hidden", 4096, "--seq", 131072, "--micro-batch", 1]
+    sent = {c: run_json(capsys, "traffic", "--strategy", "cp", "--cp", c, *shape) for c in (2, 8)}
+    for c, d in sent.items():
+        assert d == step_traffic("cp", cp=c, layers=32, hidden=4096, seq=131072, micro_batch=1).to_dict()
+    assert sent[2]["per_rank_bytes_sent"] != sent[8]["per_rank_bytes_sent"]
+
+
+def test_memory_cp_splits_the_activations(capsys):
+    shape = ["--params", "8B", "--layers", 32, "--hidden", 4096, "--heads", 32, "--seq", 8192, "--micro-batch", 1]
+    alone, split = run_json(capsys, "memory", *shape), run_json(capsys, "memory", *shape, "--cp", 4)
+    assert split["bytes"]["activations"] * 4 == alone["bytes"]["activations"] > 0
+    assert split["bytes"]["params"] == alone["bytes"]["params"]
+
+
+def test_plan_seq_long_sequences_choose_cp(capsys):
+    d = run_json(capsys, "plan", "--params", "8B", "--gpus", 64, "--gpu-memory", "80GB", "--seq", 131072)
+    assert d["strategy"] == "cp" and d["cp"] > 1 and "131,072 tokens" in d["reason"]
+    assert "cp" not in run_json(capsys, "plan", "--params", "8B", "--gpus", 64, "--gpu-memory", "80GB")
+    # an odd length still plans: the search skips the tp that would not divide it
+    assert run_json(capsys, "plan", "--params", "13B", "--gpus", 64, "--gpu-memory", "80GB", "--seq", 4097)

@@ -14,7 +14,7 @@ GB80 = 80_000_000_000
     (13_000_000_000, 8, "fsdp"),
     (13_000_000_000, 64, "fsdp"),
     (175_000_000_000, 64, "3d"),
-    (175_000_000_000, 1024, "3d"),
+    (175_000_000_000, 1024, "fsdp-tp"),   # ZeRO-3 lets 175B fit without a pipeline (no bubble): 2D is faster
 ])
 def test_must_show_ddp_fsdp_3d_for_1_3b_13b_175b(params, gpus, strategy):
     p = plan(params, gpus, GB80)
@@ -32,6 +32,8 @@ def test_must_show_ddp_fsdp_3d_for_1_3b_13b_175b(params, gpus, strategy):
         assert (d["tp"], d["pp"]) == (1, 1) and d["zero"] in (2, 3)
     if strategy == "3d":
         assert d["tp"] > 1 or d["pp"] > 1
+    if strategy == "fsdp-tp":
+        assert d["tp"] > 1 and (d["pp"], d["zero"]) == (1, 3)
 
 
 def test_ddp_plan_memory_is_the_memory_model():
@@ -69,7 +71,9 @@ def test_every_candidate_fits_and_uses_every_gpu():
         assert lay.bytes_per_device <= USABLE_FRACTION * GB80
         assert lay.dp * lay.tp * lay.pp == 64
         assert lay.tp <= 8 and lay.step_time_s > 0
-        assert lay.zero in ((0,) if lay.strategy == "ddp" else (2, 3) if lay.strategy == "fsdp" else (0, 1))
+        assert lay.zero in {"ddp": (0,), "fsdp": (2, 3), "fsdp-tp": (3,), "3d": (0, 1)}[lay.strategy]
+        if lay.strategy == "fsdp-tp":   # FSDP × TP: ZeRO-3 over dp, tp inside, no pipeline
+            assert lay.pp == 1 and lay.tp > 1
 
 
 def test_more_memory_never_hurts():
@@ -100,6 +104,35 @@ def test_families_grow_with_the_model_and_never_step_back():
 
 
 def test_a_bigger_batch_lets_data_parallel_hide_its_all_reduce():
-    # 1024 sequences over 512 GPUs leave 2 per GPU: too little compute to hide DDP's all-reduce.
-    assert plan(1_300_000_000, 512, GB80).layout.strategy == "3d"
+    # 1024 sequences over 512 GPUs leave 2 per GPU: too little compute to hide DDP's all-reduce; tp 2 doubles
+    # each replica's sequences (FSDP × TP ties TP + ZeRO-1 here, and the simpler family takes the tie).
+    assert plan(1_300_000_000, 512, GB80).layout.strategy == "fsdp-tp"
     assert plan(1_300_000_000, 512, GB80, global_batch=8192).layout.strategy == "ddp"
+
+
+def test_a_small_batch_never_gets_more_replicas_than_sequences():
+    # 64 sequences cannot feed 1024 replicas: the rest of the GPUs must split the model (theory.batch_limit).
+    chosen = plan("7.5B", 1024, GB80, global_batch=64)
+    assert all(lay.dp <= 64 for lay in candidate_layouts("7.5B", 1024, GB80, global_batch=64))
+    assert chosen.layout.dp <= 64 and chosen.layout.tp * chosen.layout.pp * chosen.layout.cp >= 16
+    assert "a global batch of 64 sequences feeds at most 64 data-parallel replicas" in chosen.reason
+    assert plan("7.5B", 1024, GB80, global_batch=4096).layout.dp == 1024   # a big batch feeds them all
+
+
+def test_fsdp_tp_wins_where_zero3_spares_the_pipeline():
+    # 175B on 1024 GPUs: tp 8 alone leaves ZeRO-1's states too big, so 3d needs pp 2 and its bubble; ZeRO-3
+    # over the 128 replicas fits without a pipeline, and its traffic hides behind 8 sequences per replica.
+    layouts = candidate_layouts("175B", 1024, GB80)
+    fastest = {f: min(lay.step_time_s for lay in layouts if lay.strategy == f) for f in ("fsdp-tp", "3d")}
+    assert not [lay for lay in layouts if lay.strategy == "3d" and lay.pp == 1]
+    chosen = plan("175B", 1024, GB80)
+    assert chosen.layout.strategy == "fsdp-tp" and chosen.layout.step_time_s == fastest["fsdp-tp"] < fastest["3d"]
+    assert chosen.layout.exposed_dp_s == 0 and "FSDP × TP" in chosen.reason
+
+
+def test_a_long_sequence_makes_the_plan_split_it():
+    short, long = plan("13B", 64, GB80), plan("13B", 64, GB80, seq=262_144)
+    assert short.layout.cp == 1 and long.layout.strategy == "cp" and long.layout.cp > 1
+    assert long.to_dict()["cp"] == long.layout.cp and f"{262_144 // long.layout.cp:,} of the 262,144" in long.reason
+    lay = long.layout
+    assert lay.dp * lay.tp * lay.pp * lay.cp == 64 and (262_144 // lay.cp) % lay.tp == 0

@@ -4,6 +4,7 @@
     partrain-edu traffic --strategy zero3 --params 7.5B --dp 64
     partrain-edu pipeline --stages 4 --microbatches 8 --schedule 1f1b
     partrain-edu plan --params 175B --gpus 1024 --gpu-memory 80GB
+    partrain-edu traffic --strategy cp --cp 4 --layers 32 --hidden 4096 --seq 131072 --micro-batch 1
 
 ``add_subcommands(subparsers)`` registers them on the main parser; each sets ``func`` to a handler that
 prints one JSON object with ``--json`` (else a table for people) and returns 0. On bad input a handler
@@ -21,7 +22,7 @@ import argparse
 import json
 
 from partrain_edu.theory.memory import OPTIMIZERS, PRECISIONS, RECOMPUTE, estimate_memory
-from partrain_edu.theory.planner import plan
+from partrain_edu.theory.planner import SEQ, plan
 from partrain_edu.theory.schedules import SCHEDULES, build_schedule, simulate
 from partrain_edu.theory.traffic import LINKS, STRATEGIES, step_traffic
 from partrain_edu.units import parse_size
@@ -88,17 +89,23 @@ def run_memory(args: argparse.Namespace) -> int:
     if args.sequence_parallel and (args.micro_batch is None or args.tp == 1):
         raise ValueError("--sequence-parallel splits activations over the --tp ranks: give --tp 2 or more and "
                          "the activation flags (--layers, --hidden, --heads, --seq, --micro-batch), or drop it")
+    if args.cp > 1 and args.micro_batch is None:
+        raise ValueError("--cp splits the activations by sequence (the model states stay whole): give the activation "
+                         "flags (--layers, --hidden, --heads, --seq, --micro-batch), or drop it")
     return _emit(args, estimate_memory(
         args.params, dp=args.dp, tp=args.tp, pp=args.pp, zero=args.zero, precision=args.precision,
         optimizer=args.optimizer, layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq,
         micro_batch=args.micro_batch, vocab=args.vocab, recompute=args.recompute,
-        sequence_parallel=args.sequence_parallel))
+        sequence_parallel=args.sequence_parallel, cp=args.cp))
 
 
 def run_traffic(args: argparse.Namespace) -> int:
+    if args.cp > 1 and args.strategy != "cp":
+        raise ValueError(f"--cp is the ring of --strategy cp; --strategy {args.strategy} sends nothing along it: "
+                         "use --strategy cp, or drop --cp")
     return _emit(args, step_traffic(
-        args.strategy, args.params, dp=args.dp, tp=args.tp, pp=args.pp, layers=args.layers, hidden=args.hidden,
-        seq=args.seq, micro_batch=args.micro_batch, microbatches=args.microbatches,
+        args.strategy, args.params, dp=args.dp, tp=args.tp, pp=args.pp, cp=args.cp, layers=args.layers,
+        hidden=args.hidden, seq=args.seq, micro_batch=args.micro_batch, microbatches=args.microbatches,
         bytes_per_element=args.bytes_per_element))
 
 
@@ -112,11 +119,15 @@ def run_pipeline(args: argparse.Namespace) -> int:
                          f"{args.stages} × {args.microbatches} × {chunks}: simulating more takes minutes; "
                          "use fewer stages or micro-batches")
     schedule = build_schedule(args.schedule, args.stages, args.microbatches, chunks)
-    return _emit(args, simulate(schedule, args.t_forward, args.t_backward, args.t_weight))
+    split = schedule.split_backward   # zb-h1: the backward's two halves, B and W, each as long as a forward
+    t_backward = args.t_backward if args.t_backward is not None else (1.0 if split else 2.0)
+    t_weight = args.t_weight if args.t_weight is not None else (1.0 if split else 0.0)
+    return _emit(args, simulate(schedule, args.t_forward, t_backward, t_weight))
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    return _emit(args, plan(args.params, args.gpus, args.gpu_memory, args.gpus_per_node, args.interconnect))
+    return _emit(args, plan(args.params, args.gpus, args.gpu_memory, args.gpus_per_node, args.interconnect,
+                            seq=args.seq))
 
 
 def _json_flag(parser: argparse.ArgumentParser) -> None:
@@ -130,6 +141,8 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--params", type=size, help="parameter count, e.g. 7.5e9 or 7.5B")
     for flag in ("--dp", "--tp", "--pp"):
         p.add_argument(flag, type=positive_int, default=1, help="parallel degree (default 1)")
+    p.add_argument("--cp", type=positive_int, default=1,
+                   help="context-parallel degree: splits the activations by sequence (default 1)")
     p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO stage over --dp")
     p.add_argument("--precision", choices=PRECISIONS, default="mixed")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
@@ -150,6 +163,7 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--params", type=size)
     for flag in ("--dp", "--tp", "--pp"):
         p.add_argument(flag, type=positive_int, default=1)
+    p.add_argument("--cp", type=positive_int, default=1, help="ranks sharing each sequence (--strategy cp)")
     p.add_argument("--layers", type=positive_int)
     p.add_argument("--hidden", type=positive_int)
     p.add_argument("--seq", type=positive_int)
@@ -166,8 +180,8 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
     p.add_argument("--chunks", type=positive_int, help="model chunks per stage (interleaved; default 2)")
     p.add_argument("--t-forward", type=seconds, default=1.0, help="forward time of one stage (default 1)")
-    p.add_argument("--t-backward", type=seconds, default=2.0, help="backward (input grad) time (default 2)")
-    p.add_argument("--t-weight", type=seconds, default=0.0, help="weight-grad time, separate in zb-h1 (default 0)")
+    p.add_argument("--t-backward", type=seconds, help="backward (input grad) time (default 2; zb-h1: 1)")
+    p.add_argument("--t-weight", type=seconds, help="weight-grad time, separate in zb-h1 (default 0; zb-h1: 1)")
     _json_flag(p)
     p.set_defaults(func=run_pipeline)
 
@@ -178,5 +192,7 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--gpu-memory", type=size, required=True, help="bytes per GPU, e.g. 80GB")
     p.add_argument("--gpus-per-node", type=positive_int, default=8)
     p.add_argument("--interconnect", choices=tuple(LINKS), default="infiniband", help="link between nodes")
+    p.add_argument("--seq", type=positive_int, default=SEQ,
+                   help=f"tokens per sequence (default {SEQ}); long ones make the plan split them (cp)")
     _json_flag(p)
     p.set_defaults(func=run_plan)

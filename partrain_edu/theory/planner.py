@@ -14,11 +14,14 @@ and "TP/PP cost far more engineering than FSDP: only when necessary"; FSDP's ext
 by prefetching and overlapping it with compute". As code: we enumerate every layout (dp, tp, pp, ZeRO stage,
 micro-batch size, recompute) of the GPUs, keep those that fit memory, estimate each one's step time, and
 take the simplest family (ddp, then fsdp) whose best layout hides its data-parallel traffic behind compute
-and is within ``SIMPLICITY_MARGIN`` of the fastest layout; failing both, the fastest layout (usually 3d).
+and is within ``SIMPLICITY_MARGIN`` of the fastest layout; failing both, the fastest layout of "fsdp-tp"
+(ZeRO-3 over dp with tp inside a node, no pipeline: FSDP × TP, 2D), "3d" or "cp", a tie going to the first.
 So the thresholds above are not typed in; they come out of the memory and traffic models. With the
 constants below, on 80 GB GPUs over InfiniBand: DDP up to ≈4B; FSDP up to ≈80B on 64 GPUs (8 GPUs run
 out of memory at ≈40B); 3d beyond. On 512 GPUs the fixed batch leaves each GPU so little compute that even
-a 1.3B model's all-reduce no longer hides, and 3d wins at every size (pass a bigger ``global_batch``).
+a 1.3B model's all-reduce no longer hides, and FSDP × TP wins at most sizes (pass a bigger ``global_batch``).
+The batch also caps dp: each replica needs a whole sequence (``theory.batch_limit``), so a small batch on many
+GPUs forces tp, pp or cp.
 
 Assumptions, all constants below: mixed precision + Adam (memory.py), a GPT of the shape the model size
 suggests (``assumed_shape``: GPT-3's 128-wide heads and hidden ≈ 128 × layers; 1.3B → 24 × 2048,
@@ -58,7 +61,9 @@ FLOPS_PER_GPU = 400e12          # sustained; ≈ 40 % of an H100's 989 TFLOP/s d
 USABLE_FRACTION = 0.9
 SIMPLICITY_MARGIN = 1.5         # a simpler family may be up to 1.5x slower than the fastest layout
 FAMILIES = ("ddp", "fsdp", "fsdp-tp", "3d", "cp")
-SIMPLEST_FIRST = ("ddp", "fsdp", "fsdp-tp")  # taken when it fits, hides its dp traffic, is not much slower
+# taken, in this order, when it fits, hides its dp traffic and is not much slower: it spares TP's engineering.
+# FSDP × TP needs TP already, so it competes on speed with 3d and cp; FAMILIES' order breaks a tie.
+SIMPLEST_FIRST = ("ddp", "fsdp")
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,7 @@ class Layout:
     step_time_s: float
     exposed_comm_s: float
     cp: int = 1              # context-parallel ranks sharing each sequence
+    exposed_dp_s: float = 0.0  # the part of exposed_comm_s that is data-parallel traffic not hidden by compute
 
 
 @dataclass(frozen=True)
@@ -136,9 +142,10 @@ def _powers_of_two(limit: int) -> list[int]:
 
 def candidate_layouts(params: int | str, gpus: int, gpu_memory: int | str, gpus_per_node: int = 8,
                       interconnect: str = "infiniband", global_batch: int = GLOBAL_BATCH, seq: int = SEQ) -> list[Layout]:
-    """Every layout of ``gpus`` GPUs that fits ``gpu_memory`` bytes each, with its estimated step time. Context
-    parallelism (cp > 1) is searched only when no layout fits without it: when sequences of ``seq`` tokens make the
-    activations the wall (its ring sends K and V every layer, so it is not a first choice)."""
+    """Every layout of ``gpus`` GPUs that fits ``gpu_memory`` bytes each, with its estimated step time, and no more
+    data-parallel replicas than ``global_batch`` has sequences. Context parallelism (cp > 1) is searched only when
+    no layout fits without it: when sequences of ``seq`` tokens make the activations the wall, or the batch leaves
+    too few replicas for tp and pp to fill the GPUs (its ring sends K and V every layer: not a first choice)."""
     params, gpu_memory = (parse_size(v) if isinstance(v, (str, float)) else v for v in (params, gpu_memory))
     for flag, value in (("--params", params), ("--gpus", gpus), ("--gpu-memory", gpu_memory),
                         ("--gpus-per-node", gpus_per_node), ("global_batch", global_batch), ("--seq", seq)):
@@ -159,7 +166,8 @@ def _layouts(params, gpus, gpu_memory, gpus_per_node, interconnect, global_batch
     layouts = []
     for tp, cp in ((tp, cp) for tp in _powers_of_two(min(gpus_per_node, gpus)) for cp in cps):
         for pp in [d for d in range(1, shape.layers + 1) if shape.layers % d == 0]:
-            if tp * pp * cp > gpus or gpus % (tp * pp * cp) or shape.heads % tp:
+            # sequence parallelism splits this rank's seq/cp positions over tp: tp must divide them too
+            if tp * pp * cp > gpus or gpus % (tp * pp * cp) or shape.heads % tp or (seq // cp) % tp:
                 continue
             dp = gpus // (tp * pp * cp)
             if dp > max_dp_for_batch(global_batch):  # a replica without a whole sequence would idle
@@ -191,8 +199,9 @@ def _layouts(params, gpus, gpu_memory, gpus_per_node, interconnect, global_batch
 
                 def bandwidth(dim: str) -> float:
                     return LINKS[link_of(dim, sizes, gpus_per_node, interconnect)]
-                critical = (step_traffic("tp", tp=tp, pp=pp, **shape_kw).per_rank_bytes_sent / bandwidth("tp")
-                            + step_traffic("pp", pp=pp, **shape_kw).per_rank_bytes_sent / bandwidth("pp"))
+                mine = shape_kw | {"seq": seq // cp}   # tp and pp move this rank's s/c positions only
+                critical = (step_traffic("tp", tp=tp, pp=pp, **mine).per_rank_bytes_sent / bandwidth("tp")
+                            + step_traffic("pp", pp=pp, **mine).per_rank_bytes_sent / bandwidth("pp"))
                 if cp > 1:   # the K/V ring, every layer (its overlap with attention is not counted)
                     critical += step_traffic("cp", cp=cp, tp=tp, pp=pp, **shape_kw).per_rank_bytes_sent / bandwidth("cp")
                 dp_name = "ddp" if zero == 0 else f"zero{zero}"
@@ -201,7 +210,7 @@ def _layouts(params, gpus, gpu_memory, gpus_per_node, interconnect, global_batch
                            .per_rank_bytes_sent / bandwidth("dp"))
                 exposed = max(0.0, dp_time - compute)
                 layouts.append(Layout(strategy, dp, tp, pp, zero, b, m, recompute, total,
-                                      compute + critical + exposed, exposed + critical, cp))
+                                      compute + critical + exposed, exposed + critical, cp, exposed))
     return layouts
 
 
@@ -210,24 +219,26 @@ def plan(params: int | str, gpus: int, gpu_memory: int | str, gpus_per_node: int
     """The ``plan`` subcommand: the simplest family that fits and hides its traffic, else the fastest layout.
 
     ``global_batch`` (sequences per step, not a CLI flag) sets the compute that data-parallel traffic can
-    hide behind: on many GPUs a fixed batch leaves each one too little work to hide an all-reduce. ``seq``
-    (tokens per sequence, not a CLI flag) long enough makes the activations the wall: then the plan is "cp".
+    hide behind, and caps dp at one replica per sequence: on many GPUs a small batch forces model
+    parallelism. ``seq`` (tokens per sequence, ``--seq``) long enough makes the activations the wall: then "cp".
     """
     params, gpu_memory = (parse_size(v) if isinstance(v, (str, float)) else v for v in (params, gpu_memory))
     layouts = candidate_layouts(params, gpus, gpu_memory, gpus_per_node, interconnect, global_batch, seq)
     if not layouts:
         raise ValueError(f"{format_count(params)} parameters fit no layout of {gpus} GPU(s) with "
                          f"{format_bytes(gpu_memory)} each, even with ZeRO-3 and full recompute; use more GPUs "
-                         "(--gpus) or bigger ones (--gpu-memory)")
+                         "(--gpus) or bigger ones (--gpu-memory)" + (" or shorter sequences (--seq)" if seq > SEQ else "") + (
+                             f", or a global batch of more than {global_batch} sequences (at most one data-parallel "
+                             "replica per sequence)" if gpus > max_dp_for_batch(global_batch) else ""))
     best = {f: min((lay for lay in layouts if lay.strategy == f),
                    key=lambda lay: (lay.step_time_s, lay.bytes_per_device), default=None) for f in FAMILIES}
     fastest = min(lay.step_time_s for lay in layouts)
     def acceptable(f: str) -> bool:  # fits, hides its data-parallel traffic, and is not much slower
-        lay = best[f]
-        return lay is not None and lay.exposed_comm_s == 0 and lay.step_time_s <= SIMPLICITY_MARGIN * fastest
+        lay = best[f]   # (tp's all-reduces are on the critical path of every tp layout: not counted here)
+        return lay is not None and lay.exposed_dp_s == 0 and lay.step_time_s <= SIMPLICITY_MARGIN * fastest
 
     family = next((f for f in SIMPLEST_FIRST if acceptable(f)), None) or min(
-        (f for f in FAMILIES if best[f]), key=lambda f: best[f].step_time_s)
+        (f for f in FAMILIES if best[f]), key=lambda f: best[f].step_time_s)  # min keeps the first of a tie
     chosen = best[family]
 
     def rejected(families: tuple[str, ...]) -> str:
@@ -236,27 +247,29 @@ def plan(params: int | str, gpus: int, gpu_memory: int | str, gpus_per_node: int
         if not fitting and len(families) == 1:
             return f"{names[families[0]]} does not fit one {format_bytes(gpu_memory)} GPU"
         if not fitting:
-            return f"neither {' nor '.join(names[f] for f in families)} fits {format_bytes(gpu_memory)} GPUs"
+            return (f"neither {' nor '.join(names[f] for f in families)} fits {format_bytes(gpu_memory)} GPUs"
+                    + (" within that batch" if batch else ""))
         simpler = min(fitting, key=lambda lay: lay.step_time_s)
-        slower = f"{simpler.step_time_s / chosen.step_time_s:.1f}x slower"
-        if simpler.exposed_comm_s > 0:
+        ratio = simpler.step_time_s / chosen.step_time_s
+        slower = f"{ratio:.1f}x slower" if ratio >= 1.1 else f"{ratio - 1:.0%} slower"   # not "1.0x slower"
+        if simpler.exposed_dp_s > 0:
             return f"{names[simpler.strategy]} could not hide its communication behind compute ({slower})"
         return f"{names[simpler.strategy]} would be {slower}"
 
     states = f"{format_count(params)} parameters need {format_bytes(16 * params)} of mixed-precision Adam states"
+    # the global batch feeds at most B replicas (theory.batch_limit): say so where it, not memory, caps dp
+    batch = (f"; a global batch of {global_batch:,} sequences feeds at most {max_dp_for_batch(global_batch):,} "
+             "data-parallel replicas" if gpus > max_dp_for_batch(global_batch) else "")
     needs = f"needs {format_bytes(chosen.bytes_per_device)} per GPU" + (
         f" with {chosen.recompute} activation recompute" if chosen.recompute != "none" else "")
-    # the global batch feeds at most B replicas (theory.batch_limit): say so when it, not memory, forbids more dp
-    batch = (f"; a global batch of {global_batch:,} sequences feeds at most {max_dp_for_batch(global_batch):,} "
-             f"data-parallel replicas" if gpus > max_dp_for_batch(global_batch) else "")
     if family == "ddp":
         where = "one GPU trains it alone (add GPUs with plain DDP)" if gpus == 1 else \
             f"plain data parallel (DDP) over {gpus} GPUs is enough"
         reason = f"{states}, which fit one {format_bytes(gpu_memory)} GPU with the activations, so {where}: it {needs}."
     elif family == "fsdp-tp":
-        hidden = ", its collectives hidden behind compute" if chosen.exposed_comm_s == 0 else ""
-        reason = (f"{states}; {rejected(('ddp', 'fsdp'))}, so tensor parallel {chosen.tp} inside a node and ZeRO-3 "
-                  f"over {chosen.dp} replicas of {chosen.tp} GPUs (FSDP × TP){batch}: it {needs}{hidden}.")
+        hidden = ", its ZeRO-3 collectives hidden behind compute" if chosen.exposed_dp_s == 0 else ""
+        reason = (f"{states}{batch}; {rejected(('ddp', 'fsdp'))}, so tensor parallel {chosen.tp} inside a node and "
+                  f"ZeRO-3 over {chosen.dp} replicas of {chosen.tp} GPUs (FSDP × TP): it {needs}{hidden}.")
     elif family == "fsdp":
         mode = "FULL_SHARD" if chosen.zero == 3 else "SHARD_GRAD_OP"
         hidden = ", its collectives hidden behind compute" if chosen.exposed_comm_s == 0 else ""
@@ -271,7 +284,9 @@ def plan(params: int | str, gpus: int, gpu_memory: int | str, gpus_per_node: int
             parts.append(f"pipeline parallel {chosen.pp} across {'nodes' if gpus > gpus_per_node else 'GPUs'}")
         if chosen.dp > 1:
             parts.append(f"data parallel {chosen.dp} outside (ZeRO-{chosen.zero})")
+        two_d = (f"{rejected(('ddp', 'fsdp'))} and {rejected(('fsdp-tp',))}" if best["fsdp-tp"]
+                 else rejected(("ddp", "fsdp", "fsdp-tp")))
         wall = (f"; at {seq:,} tokens per sequence no layout fits unless the sequence is split too"
                 if family == "cp" else "")
-        reason = f"{states}; {rejected(SIMPLEST_FIRST)}{wall}{batch}, so {', '.join(parts)}: it {needs}."
+        reason = f"{states}{batch}; {two_d}{wall}, so {', '.join(parts)}: it {needs}."
     return Plan(chosen, reason, assumed_shape(params), seq)

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from partrain_edu.theory.memory import estimate_memory
-from partrain_edu.theory.planner import SEQ, USABLE_FRACTION, Plan, link_of, plan
+from partrain_edu.theory.planner import USABLE_FRACTION, Plan, link_of, plan
 from partrain_edu.theory.traffic import LINKS, step_traffic
 from partrain_edu.units import format_bytes, format_count, parse_size
 from partrain_edu.viz._app import DEVICE_MEMORY, POWERS_OF_TWO, Section, WidgetApp, link_model_preset, model_controls, toggles
@@ -27,15 +27,17 @@ from partrain_edu.viz._render import Layered
 from partrain_edu.viz.palette import ACTIVATIONS, FITS, GRADS, INK, OPTIMIZER, OVER, PARAMS, TRANSIENT, clean
 from partrain_edu.viz.traffic import LINK_NAMES
 
-STRATEGY_NAMES = {"ddp": "DDP", "fsdp": "FSDP / ZeRO", "3d": "3D parallel (TP + PP + DP)"}
+STRATEGY_NAMES = {"ddp": "DDP", "fsdp": "FSDP / ZeRO", "fsdp-tp": "FSDP × TP (2D: ZeRO-3 + TP)",
+                  "3d": "3D parallel (TP + PP + DP)", "cp": "context parallel (CP + TP + PP + DP)"}
 
 
 def layout_memory(chosen: Plan, params: int) -> dict[str, int]:
     """Bytes per GPU of the chosen layout by component; "transient" is what the planner adds on top."""
     lay, shape = chosen.layout, chosen.shape
     mem = estimate_memory(params, dp=lay.dp, tp=lay.tp, pp=lay.pp, zero=lay.zero, layers=shape.layers,
-                          hidden=shape.hidden, heads=shape.heads, seq=SEQ, micro_batch=lay.micro_batch,
-                          recompute=lay.recompute, sequence_parallel=lay.tp > 1, microbatches=lay.microbatches)
+                          hidden=shape.hidden, heads=shape.heads, seq=chosen.seq, micro_batch=lay.micro_batch,
+                          recompute=lay.recompute, sequence_parallel=lay.tp > 1, microbatches=lay.microbatches,
+                          cp=lay.cp)
     parts = {"params": mem.params_bytes, "grads": mem.grads_bytes, "optimizer": mem.optimizer_bytes,
              "activations": mem.activations_bytes}
     parts["transient"] = lay.bytes_per_device - sum(parts.values())
@@ -48,10 +50,11 @@ def layout_traffic(chosen: Plan, params: int, gpus: int, gpus_per_node: int, int
     Each group's link is the planner's (`theory.planner.link_of`, from the one rank grid).
     """
     lay, shape = chosen.layout, chosen.shape
-    kw = dict(layers=shape.layers, hidden=shape.hidden, seq=SEQ, micro_batch=lay.micro_batch,
+    # tp and pp move this rank's seq/cp positions, as the planner prices them
+    kw = dict(layers=shape.layers, hidden=shape.hidden, seq=chosen.seq // lay.cp, micro_batch=lay.micro_batch,
               microbatches=lay.microbatches)
 
-    sizes = {"pp": lay.pp, "dp": lay.dp, "tp": lay.tp}
+    sizes = {"pp": lay.pp, "dp": lay.dp, "tp": lay.tp} | ({"cp": lay.cp} if lay.cp > 1 else {})
 
     def link(dim: str) -> str:
         return link_of(dim, sizes, gpus_per_node, interconnect)
@@ -59,8 +62,9 @@ def layout_traffic(chosen: Plan, params: int, gpus: int, gpus_per_node: int, int
     dp_name = "ddp" if lay.zero == 0 else f"zero{lay.zero}"
     rows = [(f"TP all-reduces (tp={lay.tp})", step_traffic("tp", tp=lay.tp, pp=lay.pp, **kw), link("tp")),
             (f"PP sends (pp={lay.pp})", step_traffic("pp", pp=lay.pp, **kw), link("pp")),
-            (f"DP {'all-reduce' if lay.zero == 0 else f'ZeRO-{lay.zero}'} (dp={lay.dp})",
-             step_traffic(dp_name, params, dp=lay.dp, tp=lay.tp, pp=lay.pp, microbatches=lay.microbatches),
+            (f"DP {'all-reduce' if lay.zero == 0 else f'ZeRO-{lay.zero}'} (dp={lay.dp}{f' × cp={lay.cp}' if lay.cp > 1 else ''})",
+             # as the planner prices it: a cp plan reduces its replicated gradients over dp × cp
+             step_traffic(dp_name, params, dp=lay.dp * lay.cp, tp=lay.tp, pp=lay.pp, microbatches=lay.microbatches),
              link("dp"))]
     return [(name, t.per_rank_bytes_sent, lk, t.per_rank_bytes_sent / LINKS[lk]) for name, t, lk in rows]
 
@@ -139,9 +143,10 @@ def _data(fig: Figure, chosen: Plan, params: int, gpu_memory: int, gpus: int, gp
     shape = chosen.shape
     added.append(fig.suptitle(
         f"{format_count(params)} on {gpus} GPUs → {STRATEGY_NAMES[lay.strategy]}: dp={lay.dp} tp={lay.tp} "
-        f"pp={lay.pp} ZeRO-{lay.zero}; micro-batch {lay.micro_batch} × {lay.microbatches}, recompute "
+        f"pp={lay.pp}{f' cp={lay.cp}' if lay.cp > 1 else ''} ZeRO-{lay.zero}; "
+        f"micro-batch {lay.micro_batch} × {lay.microbatches}, recompute "
         f"{lay.recompute}\n(assumed shape: {shape.layers} layers × hidden {shape.hidden}, {shape.heads} heads, "
-        f"seq {SEQ})", fontsize=10.5))
+        f"seq {chosen.seq})", fontsize=10.5))
     return added
 
 
