@@ -1,7 +1,8 @@
 """The playground in a real browser: JupyterLab started here, Debian's Chromium driven by Playwright.
 
 Runs every cell of notebooks/09_playground.ipynb in the page, checks that each widget rendered (its controls
-and its figure are in the DOM), clicks the memory widget's ZeRO-3 button and checks that the figure changed.
+and its figure are in the DOM), clicks the memory widget's ZeRO-3 button and the ratio widget's 10 GbE button
+and checks that each figure and sentence changed.
 Screenshots go to tests/artifacts/browser/ (git-ignored). `make test` installs /usr/bin/chromium with apt when
 it is missing; Playwright's own browser download is not used.
 
@@ -28,7 +29,7 @@ from conftest import REPO, processes_with
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = REPO / "tests" / "artifacts" / "browser"
-WIDGETS = ("memory", "pipeline", "traffic", "planner")
+WIDGETS = ("memory", "pipeline", "traffic", "planner", "efficiency")
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 # Generous: a shared 2-core CI machine starts JupyterLab and a kernel slowly, and one cell trains on 2 ranks.
@@ -176,6 +177,19 @@ def test_playground_widgets_render_and_respond_in_chromium(lab):
                 "() => document.querySelector('.partrain-memory').innerText.includes('ZeRO-3 fits: 1.9 GB')",
                 timeout=REDRAW_S * 1000, polling=250)  # the ZeRO paper's 1.9 GB at dp = 64
             memory.screenshot(path=str(ARTIFACTS / "memory_widget_zero3_dp64.png"))
+
+            # the fifth widget, communication/compute per axis: dp, fsdp and pp moved from InfiniBand to 10 GbE
+            ratio = page.locator(".partrain-efficiency")
+            assert "Can hide: pp." in ratio.inner_text()  # the opening view at n = 8: only pp's sends are short enough
+            before = ratio.locator(".widget-output img").first.get_attribute("src")
+            ratio.locator("button.widget-toggle-button", has_text="10 GbE").click()
+            page.wait_for_function(
+                "(before) => document.querySelector('.partrain-efficiency .widget-output img').src !== before",
+                arg=before, timeout=REDRAW_S * 1000, polling=250)
+            page.wait_for_function(  # now pp waits on the network too
+                "() => document.querySelector('.partrain-efficiency').innerText"
+                ".includes('Communication-bound: dp, fsdp, tp, pp, cp.')", timeout=REDRAW_S * 1000, polling=250)
+            ratio.screenshot(path=str(ARTIFACTS / "efficiency_widget_10gbe.png"))
             page.screenshot(path=str(ARTIFACTS / "playground_page.png"))
         finally:
             browser.close()

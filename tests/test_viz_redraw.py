@@ -24,7 +24,8 @@ from partrain_edu.viz import (collective_figure, memory_figure, memory_widget, p
 from partrain_edu.viz import pipeline as pipeline_module  # noqa: E402
 from partrain_edu.viz._render import Layered, render_png  # noqa: E402
 from partrain_edu.viz.ring import collective_data, collective_frame  # noqa: E402
-from partrain_edu.viz.palette import rank_color  # noqa: E402
+from partrain_edu.theory.planner import assumed_shape  # noqa: E402
+from partrain_edu.viz.palette import ACTIVATIONS, rank_color  # noqa: E402
 from partrain_edu.viz.planner import layout_memory, layout_traffic  # noqa: E402
 
 
@@ -103,6 +104,25 @@ def test_strategy_redraw_shows_the_new_degrees():
     assert bars.get_yticklabels()[0].get_text() == "DDP (dp=64)"
 
 
+def test_cp_row_equals_step_traffic_and_its_control_redraws_it():
+    app = traffic_widget()
+    fig = app.sections[1].figure
+    shape = assumed_shape(7_500_000_000)
+    for cp in (16, 2):
+        app.controls["cp"].value = cp
+        assert app.sections[1].figure is fig
+        bars = fig.axes[0]
+        row = [b for b in bars.containers[0] if round(b.get_y() + b.get_height() / 2) == 6]   # 0 = DDP … 6 = CP
+        ring = step_traffic("cp", cp=cp, layers=shape.layers, hidden=shape.hidden, seq=2048, micro_batch=1,
+                            microbatches=1, bytes_per_element=2)
+        assert [b.get_width() * 1e9 for b in row] == pytest.approx([c.bytes_sent for c in ring.collectives])
+        assert [c.op for c in ring.collectives] == ["send"]        # K and V blocks: activations, point to point
+        assert list(row[0].get_facecolor()[:3]) == pytest.approx(list(to_rgba_array(ACTIVATIONS)[0][:3]))
+        assert bars.get_yticklabels()[6].get_text() == f"CP (cp={cp})"
+    app.controls["cp"].value = 1          # no ring: nothing to send, as TP at tp = 1
+    assert "0 B (nothing to send at this degree)" in texts(fig) and bars.get_yticklabels()[6].get_text() == "CP (cp=1)"
+
+
 def test_planner_redraw_shows_the_new_plan():
     app = planner_widget()
     fig = app.figure
@@ -136,7 +156,7 @@ def test_every_kept_frame_picture_equals_a_full_draw():
     traffic.controls["step"].value = 3
     assert differing(traffic.sections[0].png, render_png(collective_figure("all_reduce", 4, 3, 10**9))) < 0.002
     traffic.controls["dp"].value = 64
-    degrees = dict(dp=64, tp=8, pp=4, microbatches=1)
+    degrees = dict(dp=64, tp=8, pp=4, cp=4, microbatches=1)
     full = strategy_traffic_figure(strategy_traffic("7.5B", **degrees), degrees=degrees,
                                    title=traffic.sections[1].figure.get_suptitle())
     assert differing(traffic.sections[1].png, render_png(full)) < 0.002

@@ -9,8 +9,9 @@ Per-strategy bytes are ``theory.traffic.step_traffic`` (the ``partrain-edu traff
 the gradients, 2(n−1)/n · 2Ψ bytes ≈ 4Ψ for 16-bit gradients; ZeRO-1 and -2 send the same as a
 reduce-scatter plus an all-gather; ZeRO-3 also all-gathers the parameters again for the backward: 1.5×
 (Rajbhandari et al. 2020, §7); TP all-reduces activations four times per layer (Shoeybi et al. 2019); PP
-sends only boundary activations. A bar's colour says what moves: gradients, parameters or activations. Times
-divide by one link's bandwidth (``theory.traffic.LINKS``): lower bounds, with no latency and no overlap.
+sends only boundary activations; CP sends (c−1)/c of each layer's K and V around its ring, point to point, per
+pass, backward also dK and dV (ring attention, Liu et al. 2023; its gradients' all-reduce is DP's). A bar's
+colour says what moves. Times divide by one link's bandwidth (``theory.traffic.LINKS``): lower bounds.
 """
 
 from __future__ import annotations
@@ -26,26 +27,29 @@ from matplotlib.patches import Patch
 
 from partrain_edu.theory.planner import assumed_shape
 from partrain_edu.theory.ring_steps import RING_OPS, ring_steps
-from partrain_edu.theory.traffic import LINKS, link_time, step_traffic
+from partrain_edu.theory.traffic import LINKS, StepTraffic, link_time, step_traffic
 from partrain_edu.units import format_bytes, format_count, parse_size
 from partrain_edu.viz._app import POWERS_OF_TWO, Section, WidgetApp, link_model_preset, model_controls, toggles
 from partrain_edu.viz._render import Layered
 from partrain_edu.viz.palette import ACTIVATIONS, GRADS, INK, PARAMS, clean
 from partrain_edu.viz.ring import OP_NAMES, check_step, collective_data, collective_frame, collective_sentence
 
-ROWS = [("ddp", "DDP"), ("zero1", "ZeRO-1"), ("zero2", "ZeRO-2"), ("zero3", "ZeRO-3"), ("tp", "TP"), ("pp", "PP")]
+ROWS = [("ddp", "DDP"), ("zero1", "ZeRO-1"), ("zero2", "ZeRO-2"), ("zero3", "ZeRO-3"), ("tp", "TP"), ("pp", "PP"),
+        ("cp", "CP")]
 LINK_NAMES = {"nvlink": "NVLink", "infiniband": "InfiniBand", "10gbe": "10 GbE", "1gbe": "1 GbE"}
 MOVES = {("all_reduce", False): ("gradients", GRADS), ("reduce_scatter", False): ("gradients", GRADS),
          ("all_gather", False): ("parameters", PARAMS), ("all_reduce", True): ("activations", ACTIVATIONS),
          ("send", True): ("activations", ACTIVATIONS)}
+MODEL_AXES = ("tp", "pp", "cp")  # rows that send activations, each over its own degree
 
 
-def strategy_traffic(params: int | str, *, dp: int = 8, tp: int = 8, pp: int = 4, microbatches: int = 1,
-                     layers: int | None = None, hidden: int | None = None, seq: int = 2048, micro_batch: int = 1,
-                     bytes_per_element: int = 2) -> dict:
-    """{strategy: StepTraffic} for the six rows; DDP/ZeRO over dp, TP over tp, PP over pp (one at a time).
+def strategy_traffic(params: int | str, *, dp: int = 8, tp: int = 8, pp: int = 4, cp: int = 4,
+                     microbatches: int = 1, layers: int | None = None, hidden: int | None = None, seq: int = 2048,
+                     micro_batch: int = 1, bytes_per_element: int = 2) -> dict:
+    """{strategy: StepTraffic} for the seven rows; DDP/ZeRO over dp, TP over tp, PP over pp, CP over cp (one at
+    a time; CP's row holds its K/V ring alone, nothing to send at cp = 1).
 
-    Without ``layers``/``hidden`` the TP and PP rows use the planner's assumed shape of a model this size.
+    Without ``layers``/``hidden`` the TP, PP and CP rows use the planner's assumed shape of a model this size.
     """
     params = parse_size(params) if isinstance(params, (str, float)) else params
     if layers is None or hidden is None:
@@ -57,6 +61,8 @@ def strategy_traffic(params: int | str, *, dp: int = 8, tp: int = 8, pp: int = 4
            for s in ("ddp", "zero1", "zero2", "zero3")}
     out["tp"] = step_traffic("tp", tp=tp, **shape_kw)
     out["pp"] = step_traffic("pp", pp=pp, **shape_kw)
+    # step_traffic refuses cp = 1 (no ring); the row then sends nothing, as TP's does at tp = 1
+    out["cp"] = step_traffic("cp", cp=cp, **shape_kw) if cp > 1 else StepTraffic("cp", ())
     return out
 
 
@@ -105,7 +111,7 @@ def _data(fig: Figure, traffic: dict, degrees: dict[str, int], measured: dict[st
     for y, (key, label) in enumerate(rows):
         left = 0
         for c in traffic[key].collectives:
-            what, color = MOVES[c.op, key in ("tp", "pp")]
+            what, color = MOVES[c.op, key in MODEL_AXES]
             pieces.append((y, c.bytes_sent / scale, left / scale, color))
             seen[what] = color
             left += c.bytes_sent
@@ -145,7 +151,7 @@ def _data(fig: Figure, traffic: dict, degrees: dict[str, int], measured: dict[st
 
 
 def degree_text(key: str, degrees: dict[str, int]) -> str:
-    axis = {"tp": "tp", "pp": "pp"}.get(key, "dp")
+    axis = key if key in MODEL_AXES else "dp"
     return f"{axis}={degrees.get(axis, 1)}"
 
 
@@ -172,11 +178,11 @@ def _strategy_drawer(measured: dict | None):
 
     def draw(v: dict) -> tuple[Figure, str, bytes]:
         params = parse_size(v["params"])
-        kw = dict(dp=v["dp"], tp=v["tp"], pp=v["pp"], microbatches=v["microbatches"])
+        kw = dict(dp=v["dp"], tp=v["tp"], pp=v["pp"], cp=v["cp"], microbatches=v["microbatches"])
         traffic = strategy_traffic(params, bytes_per_element=v["element"], **kw)
         shape = assumed_shape(params)
         title = (f"{format_count(params)} parameters ({8 * v['element']}-bit), {v['microbatches']} micro-batch(es) "
-                 "per step; TP/PP: "
+                 "per step; TP/PP/CP: "
                  f"{shape.layers} layers × hidden {shape.hidden}, seq 2048, micro-batch 1")
         fig, png = painter.paint(len(ROWS), lambda: _frame(len(ROWS), True),
                                  lambda fig: _data(fig, traffic, kw, measured, title))
@@ -204,6 +210,7 @@ def traffic_widget(op: str = "all_reduce", ranks: int = 4, params: str = "7.5B",
         "dp": w.SelectionSlider(options=POWERS_OF_TWO, value=dp, description="dp", continuous_update=False, style=style),
         "tp": toggles([1, 2, 4, 8], 8, "tp", "38px"),
         "pp": toggles([1, 2, 4, 8, 16], 4, "pp", "38px"),
+        "cp": toggles([1, 2, 4, 8, 16], 4, "cp", "38px"),
         "microbatches": w.Dropdown(options=[1, 2, 4, 8, 16, 32], value=1, description="micro-batches",
                                    style=style, layout=w.Layout(width="170px")),
         "element": toggles([("16-bit", 2), ("fp32", 4)], bytes_per_element, "gradients in", "66px"),
@@ -225,6 +232,6 @@ def traffic_widget(op: str = "all_reduce", ranks: int = 4, params: str = "7.5B",
     sections = [Section("One collective, step by step", _collective_drawer(), ("op", "ranks", "size", "step"),
                         [["op"], ["ranks", "size", "play", "step"]]),
                 Section("One training step, per strategy", _strategy_drawer(measured),
-                        ("params", "dp", "tp", "pp", "microbatches", "element"),
-                        [["preset", "params", "microbatches", "element"], ["dp", "tp", "pp"]])]
+                        ("params", "dp", "tp", "pp", "cp", "microbatches", "element"),
+                        [["preset", "params", "microbatches", "element"], ["dp", "tp", "pp", "cp"]])]
     return WidgetApp("traffic", controls, sections, links=links)
