@@ -25,13 +25,13 @@ def rules_vs_planner(notes_rules: Callable[[str, int], tuple[str, str]], cases: 
                      gpu_memory: str = "80GB") -> None:
     """One row per (model size, GPUs): the notes' answers (by layers: PP or TP; by GPUs: hybrid or simple), the
     planner's layout, and the sequences each model replica gets per step (the notes: keep ≥ 8 per device)."""
-    print(f"{'model':>5} {'GPUs':>4} {'layers':>6} | {'by layers':>10} {'by GPUs':>8} | {'planner':<28} "
+    print(f"{'model':>5} {'GPUs':>4} {'layers':>6} | {'by layers':>10} {'by GPUs':>8} | {'planner':<31} "
           f"{'seqs/replica':>12} {'micro-batch':>11}")
     for size, gpus in cases:
         by_layers, by_gpus = notes_rules(size, gpus)
         lay = plan(size, gpus=gpus, gpu_memory=gpu_memory).layout
         layers = assumed_shape(parse_size(size)).layers
-        print(f"{size:>5} {gpus:>4} {layers:>6} | {by_layers:>10} {by_gpus:>8} | {layout_text(lay):<28} "
+        print(f"{size:>5} {gpus:>4} {layers:>6} | {by_layers:>10} {by_gpus:>8} | {layout_text(lay):<31} "
               f"{GLOBAL_BATCH // lay.dp:>12} {lay.micro_batch:>11}")
 
 
@@ -55,12 +55,12 @@ def fsdp_against_choice(size: str, gpus_list: list[int], gpu_memory: str = "80GB
     """For each GPU count: the planner's layout, the sequences each of its replicas computes per step and its
     step time, beside the fastest FSDP layout that fits: its split of a GPU's sequences into micro-batches, the
     data-parallel traffic it could not hide, and its step time (the planner's estimates, in seconds)."""
-    print(f"{'GPUs':>5}  {'planner':<28} {'seqs/replica':>12} {'step':>7} | {'best FSDP':>9}: "
+    print(f"{'GPUs':>5}  {'planner':<31} {'seqs/replica':>12} {'step':>7} | {'best FSDP':>9}: "
           f"{'micro-batch':>11} {'not hidden':>10} {'step':>7}")
     for gpus in gpus_list:
         chosen = plan(size, gpus=gpus, gpu_memory=gpu_memory).layout
         fsdp = min((lay for lay in candidate_layouts(size, gpus, gpu_memory) if lay.strategy == "fsdp"),
                    key=lambda lay: (lay.step_time_s, lay.bytes_per_device))
         split = f"{fsdp.micro_batch} × {fsdp.microbatches}"
-        print(f"{gpus:>5}  {layout_text(chosen):<28} {GLOBAL_BATCH // chosen.dp:>12} {chosen.step_time_s:>5.1f} s | "
+        print(f"{gpus:>5}  {layout_text(chosen):<31} {GLOBAL_BATCH // chosen.dp:>12} {chosen.step_time_s:>5.1f} s | "
               f"{'':>9}  {split:>11} {fsdp.exposed_comm_s:>8.1f} s {fsdp.step_time_s:>5.1f} s")
