@@ -150,6 +150,13 @@ def test_memory_cp_splits_the_activations(capsys):
     assert split["bytes"]["params"] == alone["bytes"]["params"]
 
 
+def test_plan_global_batch_caps_the_replicas(capsys):
+    big = run_json(capsys, "plan", "--params", "7.5B", "--gpus", 1024, "--gpu-memory", "80GB")
+    small = run_json(capsys, "plan", "--params", "7.5B", "--gpus", 1024, "--gpu-memory", "80GB", "--global-batch", 64)
+    assert big["dp"] > 64 >= small["dp"] and small["tp"] * small["pp"] > 1
+    assert "a global batch of 64 sequences feeds at most 64 data-parallel replicas" in small["reason"]
+
+
 def test_plan_seq_long_sequences_choose_cp(capsys):
     d = run_json(capsys, "plan", "--params", "8B", "--gpus", 64, "--gpu-memory", "80GB", "--seq", 131072)
     assert d["strategy"] == "cp" and d["cp"] > 1 and "131,072 tokens" in d["reason"]

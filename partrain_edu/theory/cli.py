@@ -22,7 +22,7 @@ import argparse
 import json
 
 from partrain_edu.theory.memory import OPTIMIZERS, PRECISIONS, RECOMPUTE, estimate_memory
-from partrain_edu.theory.planner import SEQ, plan
+from partrain_edu.theory.planner import GLOBAL_BATCH, SEQ, plan
 from partrain_edu.theory.schedules import SCHEDULES, build_schedule, simulate
 from partrain_edu.theory.traffic import LINKS, STRATEGIES, step_traffic
 from partrain_edu.units import parse_size
@@ -127,7 +127,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
 
 def run_plan(args: argparse.Namespace) -> int:
     return _emit(args, plan(args.params, args.gpus, args.gpu_memory, args.gpus_per_node, args.interconnect,
-                            seq=args.seq))
+                            global_batch=args.global_batch, seq=args.seq))
 
 
 def _json_flag(parser: argparse.ArgumentParser) -> None:
@@ -192,6 +192,8 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--gpu-memory", type=size, required=True, help="bytes per GPU, e.g. 80GB")
     p.add_argument("--gpus-per-node", type=positive_int, default=8)
     p.add_argument("--interconnect", choices=tuple(LINKS), default="infiniband", help="link between nodes")
+    p.add_argument("--global-batch", type=positive_int, default=GLOBAL_BATCH,
+                   help=f"sequences per step (default {GLOBAL_BATCH}); at most one data-parallel replica each")
     p.add_argument("--seq", type=positive_int, default=SEQ,
                    help=f"tokens per sequence (default {SEQ}); long ones make the plan split them (cp)")
     _json_flag(p)

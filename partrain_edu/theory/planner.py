@@ -218,7 +218,7 @@ def plan(params: int | str, gpus: int, gpu_memory: int | str, gpus_per_node: int
          global_batch: int = GLOBAL_BATCH, seq: int = SEQ) -> Plan:
     """The ``plan`` subcommand: the simplest family that fits and hides its traffic, else the fastest layout.
 
-    ``global_batch`` (sequences per step, not a CLI flag) sets the compute that data-parallel traffic can
+    ``global_batch`` (sequences per step, ``--global-batch``) sets the compute that data-parallel traffic can
     hide behind, and caps dp at one replica per sequence: on many GPUs a small batch forces model
     parallelism. ``seq`` (tokens per sequence, ``--seq``) long enough makes the activations the wall: then "cp".
     """
