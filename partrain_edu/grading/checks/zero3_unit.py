@@ -99,6 +99,7 @@ GATHERED = _Gathered()
 
 def tracked_gather(shard, group=None):
     """The given `gather`, as the learner's code calls it on the ranks, followed by the check."""
+    gc.collect()   # what only a reference cycle still holds is garbage: count what the code really keeps alive
     full = gather(shard, group)
     GATHERED.opened(full, shard)
     return full
