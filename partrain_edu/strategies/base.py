@@ -27,6 +27,13 @@ from partrain_edu.models import TinyGPT
 LEARNING_RATE = 3e-3
 
 
+def check_global_batch(cfg: TrainConfig, dp: int) -> None:
+    """Every data-parallel replica takes B/dp sequences, in `cfg.microbatches` equal micro-batches."""
+    if cfg.global_batch % (dp * cfg.microbatches):
+        raise ValueError(f"--global-batch {cfg.global_batch} must be divisible by dp × microbatches = "
+                         f"{dp} × {cfg.microbatches}")
+
+
 class Strategy:
     """One way to train TinyGPT. Subclasses set `self.model` / `self.optimizer`, and override `train_step`
     or one of its hooks when the default data-parallel step does not fit."""
@@ -49,9 +56,7 @@ class Strategy:
         dp = cfg.dp or cfg.nproc
         if dp != cfg.nproc or (cfg.tp or 1) != 1 or (cfg.pp or 1) != 1:
             raise ValueError(f"{cls.name} is data parallel only: use --dp {cfg.nproc} (= --nproc) and no --tp/--pp")
-        if cfg.global_batch % (dp * cfg.microbatches):
-            raise ValueError(f"--global-batch {cfg.global_batch} must be divisible by dp × microbatches = "
-                             f"{dp} × {cfg.microbatches}")
+        check_global_batch(cfg, dp)
         return dp, 1, 1
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:

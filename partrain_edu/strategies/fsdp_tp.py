@@ -29,7 +29,8 @@ from partrain_edu.data import data_parallel_slice, split_microbatches
 from partrain_edu.models import TinyGPT
 from partrain_edu.parallel.fsdp import FullyShardedDataParallel
 from partrain_edu.parallel.tensor import TensorParallelRegion, vocab_parallel_cross_entropy
-from partrain_edu.strategies.base import Strategy, in_flag_words, optimizer_state_tensors, register
+from partrain_edu.strategies.base import (Strategy, check_global_batch, in_flag_words, optimizer_state_tensors,
+                                          register)
 from partrain_edu.strategies.tensor import check_divisible, parallelize_tinygpt
 from partrain_edu.strategies.torch_tp import dtensor_parallelize_tinygpt
 
@@ -49,9 +50,7 @@ class FsdpTp(Strategy):
                              f"whose product is --nproc {cfg.nproc}")
         with in_flag_words():
             check_divisible(cfg.model, tp)
-        if cfg.global_batch % (dp * cfg.microbatches):
-            raise ValueError(f"--global-batch {cfg.global_batch} must be divisible by dp × microbatches = "
-                             f"{dp} × {cfg.microbatches}")
+        check_global_batch(cfg, dp)
         return dp, tp, 1
 
     def __init__(self, ctx, cfg):

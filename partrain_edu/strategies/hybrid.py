@@ -24,7 +24,7 @@ from partrain_edu.parallel.hybrid import dp_average_gradients
 from partrain_edu.parallel.pipeline import PipelineExecutor
 from partrain_edu.parallel.pp_comm import Boundary, Mailbox, agree_on_shapes
 from partrain_edu.parallel.tensor import TensorParallelRegion, vocab_parallel_cross_entropy
-from partrain_edu.strategies.base import Strategy, in_flag_words, register
+from partrain_edu.strategies.base import Strategy, check_global_batch, in_flag_words, register
 from partrain_edu.strategies.pipeline import split_tinygpt, tinygpt_stage
 from partrain_edu.strategies.tensor import check_divisible, parallelize_tinygpt
 from partrain_edu.theory.schedules import build_schedule
@@ -49,9 +49,7 @@ class ThreeD(Strategy):
         if pp > cfg.model.n_layer:
             raise ValueError(f"--pp {pp} is more stages than the model's {cfg.model.n_layer} layers: use --pp "
                              f"{cfg.model.n_layer} or less")
-        if cfg.global_batch % (dp * cfg.microbatches):
-            raise ValueError(f"--global-batch {cfg.global_batch} must be divisible by dp × microbatches = "
-                             f"{dp} × {cfg.microbatches}")
+        check_global_batch(cfg, dp)
         return dp, tp, pp
 
     def __init__(self, ctx, cfg):
