@@ -1,9 +1,10 @@
-"""The devices and links the emulated device (`partrain_edu.emulated`) pretends to be, and what a layer costs.
+"""The devices real runs use and the emulated device (`partrain_edu.emulated`) pretends to be; what a layer costs.
 
-    a100 = DEVICES["a100"]; layer_seconds(GPT_1_3B, tokens=2048, device=a100)   # one layer's forward
+    a100 = device_named("a100-80gb"); layer_seconds(GPT_1_3B, tokens=2048, device=a100)   # one layer at peak
 
-**Devices** (vendor datasheets, SXM parts): peak dense bf16 FLOP/s, memory, NVLink bandwidth each way, the NIC
-bandwidth per GPU, and HBM bandwidth (the roofline's slope, `theory.efficiency`). **Links** follow Hockney's α–β
+**Devices** (`PRESETS`, vendor datasheets, SXM parts): peak dense bf16 (V100: fp16) FLOP/s, memory, NVLink
+bandwidth each way, the NIC bandwidth per GPU, and HBM bandwidth (the roofline's slope, `theory.efficiency`); what
+they achieve of it is fitted on published runs (`theory.calibration`). **Links** follow Hockney's α–β
 model (Hockney 1994): a message of S bytes costs α + S/β; β are `traffic.LINKS`; α are `traffic.LATENCY` (orders
 of magnitude — fit this machine's with `benchmarks/alpha_beta.py`). **A layer's forward** of a GPT of hidden size
 h over B·s tokens costs 24·B·s·h² + 4·B·s²·h FLOPs (Narayanan et al. 2021, §5.1: the four h×h-sized projections
@@ -26,16 +27,31 @@ class Device:
     hbm: float             # bytes/s between HBM and the chip: the roofline's slope (Williams et al. 2009)
 
 
-DEVICES = {
-    # A100 SXM4 80GB datasheet: 312 TFLOP/s bf16 dense; NVLink 3: 600 GB/s total = 300 GB/s each way;
-    # DGX A100: one 200 Gb/s HDR InfiniBand port per GPU = 25 GB/s; HBM2e: 2,039 GB/s.
-    "a100": Device("A100 SXM 80GB", 312e12, 80e9, 300e9, 25e9, "NVIDIA A100 datasheet; DGX A100 user guide",
-                   hbm=2039e9),
+# HBM sizes on datasheets are binary: an "80GB" A100 reports 81920 MiB (nvidia-smi), 80 GiB = 85.9e9 bytes.
+GIB = 2**30
+PRESETS = {
+    # V100 SXM2/SXM3 32GB datasheet: 125 TFLOP/s fp16 tensor cores (no bf16); NVLink 2: 300 GB/s total = 150 each
+    # way; HBM2 900 GB/s. DGX-2H (Shoeybi et al. 2019, §5): 16 GPUs, 8 InfiniBand adapters, 100 GB/s per node.
+    "v100-32gb": Device("V100 SXM 32GB", 125e12, 32 * GIB, 150e9, 100e9 / 16, "NVIDIA V100 datasheet; "
+                        "Shoeybi et al. 2019 §5 (DGX-2H)", hbm=900e9),
+    # A100 SXM4 datasheet: 312 TFLOP/s bf16 dense; NVLink 3: 600 GB/s total = 300 GB/s each way;
+    # DGX A100: one 200 Gb/s HDR InfiniBand port per GPU = 25 GB/s; HBM2 1,555 GB/s (40GB), HBM2e 2,039 GB/s (80GB).
+    "a100-40gb": Device("A100 SXM 40GB", 312e12, 40 * GIB, 300e9, 25e9, "NVIDIA A100 datasheet; DGX A100 user guide",
+                        hbm=1555e9),
+    "a100-80gb": Device("A100 SXM 80GB", 312e12, 80 * GIB, 300e9, 25e9, "NVIDIA A100 datasheet; DGX A100 user guide",
+                        hbm=2039e9),
     # H100 SXM5 datasheet: 989 TFLOP/s bf16 dense (1979 with sparsity); NVLink 4: 900 GB/s = 450 GB/s each way;
     # DGX H100: one 400 Gb/s NDR port per GPU = 50 GB/s; HBM3: 3.35 TB/s.
-    "h100": Device("H100 SXM 80GB", 989e12, 80e9, 450e9, 50e9, "NVIDIA H100 datasheet; DGX H100 user guide",
+    "h100-sxm": Device("H100 SXM 80GB", 989e12, 80 * GIB, 450e9, 50e9, "NVIDIA H100 datasheet; DGX H100 user guide",
+                       hbm=3.35e12),
+    # H800 SXM: H100's chip and memory, NVLink cut to 400 GB/s total = 200 each way (export version); 400 Gb/s IB
+    # per GPU (DeepSeek-AI 2024, DeepSeek-V3 report §3.1–3.2: "NVLink 160 GB/s" achieved, "IB 50 GB/s").
+    "h800": Device("H800 SXM 80GB", 989e12, 80 * GIB, 200e9, 50e9, "NVIDIA H800 product brief; DeepSeek-V3 report §3",
                    hbm=3.35e12),
 }
+# the short names the emulated device, the widgets and the exercises use (`emulated:a100`); `device_named` takes both
+ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm"}
+DEVICES = {alias: PRESETS[name] for alias, name in ALIASES.items()}
 
 
 @dataclass(frozen=True)
@@ -64,6 +80,12 @@ def layer_seconds(shape: ModelShape, samples: int, device: Device) -> float:
 
 
 def device_named(name: str) -> Device:
-    if name not in DEVICES:
-        raise ValueError(f"unknown emulated device {name!r}: use one of {', '.join(DEVICES)}")
-    return DEVICES[name]
+    if name not in PRESETS and name not in ALIASES:
+        raise ValueError(f"unknown device {name!r}: use one of {', '.join(PRESETS)} (or {', '.join(ALIASES)})")
+    return PRESETS[ALIASES.get(name, name)]
+
+
+def canonical(name: str) -> str:
+    """The preset's full key: "a100" → "a100-80gb" (one-line error for an unknown name)."""
+    device_named(name)
+    return ALIASES.get(name, name)

@@ -1,0 +1,102 @@
+"""Published training runs — shape, hardware, layout and what they reported — to hold the models against.
+
+    for run in load(): print(run.run, run.reported, predicted_metric(run))
+
+`published_runs.csv` beside this file has one row per run with its paper, table and page (columns in the CSV's
+header; empty where the source does not say). Rows the CSV calls "train" fit `theory.calibration`; the rest only
+test it. **Conventions** (the review of ../shared, and each paper): Megatron-LM 2021 Table 1 and BLOOM report
+TFLOP/s per GPU that count the recomputed forward (Narayanan et al. 2021, eq. 3) — held against the model's
+hardware FLOP/s; Llama 3 and llm-foundry report MFU (model FLOPs only) — held against the model's MFU. A row
+without a layout or a result (OPT-175B, MT-NLG, Megatron 2019, Korthikanti 2022) stays in the table for reading and
+is not estimated (`complete` False). Where a layout field was not published and a default is standard (one
+sequence per micro-batch, no interleaving), `assumed` names it.
+"""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+from partrain_edu.theory.layout import Layout
+from partrain_edu.theory.model_spec import ModelSpec
+
+CSV = Path(__file__).with_name("published_runs.csv")
+LAYOUT_FIELDS = ("tp", "pp", "dp", "global_batch")
+DEFAULTS = {"vpp": 1, "micro_batch": 1, "cp": 1, "ep": 1}   # when not published
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    run: str
+    split: str
+    device: str
+    source: str                  # paper, table, page
+    model: ModelSpec | None
+    layout: Layout | None
+    reported: float              # MFU, or hardware TFLOP/s per GPU (see `convention`); 0 when not published
+    convention: str              # "mfu" or "hfu-tflops"
+    memory_gb: float | None
+    assumed: tuple[str, ...]
+    notes: str
+
+    @property
+    def complete(self) -> bool:
+        return self.model is not None and self.layout is not None and self.reported > 0
+
+
+def _int(row: dict, key: str) -> int | None:
+    return int(row[key]) if row.get(key, "").strip() else None
+
+
+def _parse(row: dict) -> PublishedRun:
+    assumed = []
+
+    def value(key):
+        v = _int(row, key)
+        if v is None and key in DEFAULTS:
+            assumed.append(key)
+            return DEFAULTS[key]
+        return v
+
+    shape = {k: _int(row, k) for k in ("layers", "hidden", "heads", "vocab", "seq")}
+    model = None
+    if all(shape.values()):
+        gated = bool(_int(row, "gated"))
+        model = ModelSpec(row["run"], **shape, kv_heads=_int(row, "kv_heads") or 0, ffn=_int(row, "ffn") or 0,
+                          gated=gated, tied_embeddings=bool(_int(row, "tied_embeddings")),
+                          learned_positions=bool(_int(row, "learned_positions")),
+                          bias=not gated, dropout=bool(_int(row, "dropout")), experts=_int(row, "experts") or 0, top_k=_int(row, "top_k") or 1,
+                          moe_ffn=_int(row, "moe_ffn") or 0, moe_layers=_int(row, "moe_layers") or 0)
+    layout = None
+    if all(_int(row, k) for k in LAYOUT_FIELDS) and row["recompute"].strip():
+        vpp = value("vpp")
+        layout = Layout(tp=_int(row, "tp"), pp=_int(row, "pp"), dp=_int(row, "dp"), cp=value("cp"), ep=value("ep"),
+                        vpp=vpp, zero=_int(row, "zero") or 0, micro_batch=value("micro_batch"),
+                        global_batch=_int(row, "global_batch"), recompute=row["recompute"].strip(),
+                        flash_attention=bool(_int(row, "flash_attention")),
+                        sequence_parallel=bool(_int(row, "sequence_parallel")),
+                        gpus_per_node=_int(row, "gpus_per_node") or 8, grad_bytes=_int(row, "grad_bytes") or 4,
+                        overlap_dp=bool(_int(row, "overlap_dp")),
+                        network_gbps=float(row["network_gbps_per_gpu"] or 0))
+    if row["reported_mfu"].strip():
+        reported, convention = float(row["reported_mfu"]), "mfu"
+    elif row["reported_tflops_per_gpu"].strip() and _int(row, "tflops_counts_recompute"):
+        reported, convention = float(row["reported_tflops_per_gpu"]), "hfu-tflops"
+    else:
+        reported, convention = 0.0, ""
+    memory = float(row["reported_memory_gb"]) if row["reported_memory_gb"].strip() else None
+    return PublishedRun(row["run"], row["split"], row["device"], f"{row['paper']}, {row['table']}, {row['page']}",
+                        model, layout, reported, convention, memory, tuple(assumed), row["notes"])
+
+
+def load(path: Path = CSV) -> list[PublishedRun]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return [_parse(row) for row in csv.DictReader(f)]
+
+
+def predicted_metric(run: PublishedRun, fitted: dict | None = None) -> float:
+    """The model's value for this run in the run's own convention (MFU, or hardware TFLOP/s per GPU)."""
+    from partrain_edu.theory.calibration import terms
+    from partrain_edu.theory.estimate import estimate
+    result = estimate(run.model, run.layout, run.device, eff=terms(run.device, fitted))
+    return result.mfu if run.convention == "mfu" else result.hfu_tflops_per_gpu
