@@ -25,8 +25,33 @@ explicitly (`ctx.group("tp")` from `runtime.init(dp=…, tp=…, pp=…)`); `gro
 | moe_routing | route, Routing, within_capacity (top-k, capacity, aux loss) | — / nothing (one rank's tokens) |
 | context    | RingAttention, Sharding (context parallelism, zig-zag) | sequence / K, V around the ring      |
 | mixed_precision | MixedPrecision, LowPrecisionCopy, cast_floating   | — / bf16: half the bytes, fp32 master |
-RS: reduce-scatter, AG: all-gather.
+| clipping   | clip_grad_norm_tp, LocalGrad (the wrappers' clip_grad_norm_) | — / one all-reduce of Σ‖g‖²  |
+RS: reduce-scatter, AG: all-gather. The wrappers are named here too, as `torch.distributed.fsdp` names its own:
+`from partrain_edu.parallel import FullyShardedDataParallel, ZeroOptimizer, parallelize` (docs/pytorch_semantics.md).
 """
+import importlib
+
 # Submodules, imported on use: `import partrain_edu.parallel` stays free of torch.
-__all__ = ["buckets", "context", "ddp", "flat_shard", "fsdp", "fsdp_unit", "hybrid", "mixed_precision", "moe",
-           "moe_routing", "pipeline", "pp_comm", "ring", "sequence", "tensor", "torch_tp", "tp_comm", "zero"]
+__all__ = ["buckets", "clipping", "context", "ddp", "flat_shard", "fsdp", "fsdp_unit", "hybrid", "mixed_precision",
+           "moe", "moe_routing", "pipeline", "pp_comm", "ring", "sequence", "tensor", "torch_tp", "tp_comm", "zero"]
+# The names a PyTorch user imports from the package, and the submodule each lives in (loaded on first use).
+EXPORTS = {"DistributedDataParallel": "ddp", "ZeroOptimizer": "zero", "FullyShardedDataParallel": "fsdp",
+           "MixedPrecision": "mixed_precision", "parallelize": "tensor", "TensorParallelRegion": "tensor",
+           "SequenceParallelRegion": "sequence", "PipelineExecutor": "pipeline", "RingAttention": "context",
+           "ExpertParallelMoE": "moe", "MoE": "moe", "clip_grad_norm_tp": "clipping"}
+
+
+def __getattr__(name: str):
+    """`partrain_edu.parallel.FullyShardedDataParallel` (and the submodules) import their module on first use."""
+    if name in EXPORTS:
+        value = getattr(importlib.import_module(f"{__name__}.{EXPORTS[name]}"), name)
+    elif name in __all__:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value                                 # found once: later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, *EXPORTS})

@@ -10,9 +10,9 @@ multiple of n; a rank keeps ⌈Ψ_u/n⌉ of them. fp32 + AdamW per rank: params,
 micro-batch (§7.2.2): all-gather for forward, all-gather for backward, reduce-scatter of the gradient —
 3·(n−1)/n·Ψ·bytes, 1.5× DDP's. One unit's mechanics: `fsdp_unit.py`. `MixedPrecision(torch.bfloat16)`
 (zero3-bf16): gathers and reduce-scatters in bf16, half the bytes; the shard stays the fp32 master.
-`parameters()` yields this rank's 1-D *pieces* under the original names (use_orig_params): an elementwise
-optimizer acts per parameter as in one process (groups by name, a `step` each, no update without a gradient);
-`state_dict()` / `load_state_dict()` speak the unwrapped module's format.
+`parameters()` — and the wrapped module's own — yield this rank's 1-D *pieces* under the original names
+(use_orig_params): an elementwise optimizer acts per parameter as in one process. `state_dict()` speaks the
+unwrapped module's format; clip with `clip_grad_norm_`, accumulate in `no_sync()` (docs/pytorch_semantics.md).
 """
 from __future__ import annotations
 
@@ -23,10 +23,11 @@ from typing import Callable, Iterable
 import torch
 import torch.nn as nn
 
+from partrain_edu.parallel import clipping
 from partrain_edu.parallel.buckets import OncePerBackward
 from partrain_edu.parallel.ddp import broadcast_parameters
 from partrain_edu.parallel.flat_shard import FlatShard
-from partrain_edu.parallel.fsdp_unit import Unit, UnitShard
+from partrain_edu.parallel.fsdp_unit import Unit, UnitShard, in_backward
 from partrain_edu.parallel.mixed_precision import MixedPrecision, cast_floating, full_precision_params
 
 __all__ = ["FullyShardedDataParallel", "MixedPrecision"]   # MixedPrecision is shared with DDP: mixed_precision.py
@@ -46,6 +47,7 @@ class FullyShardedDataParallel(nn.Module):
                  mixed_precision: MixedPrecision | None = None, prefetch: bool = False):
         super().__init__()
         self.module, self.group, self.prefetch = module, group, prefetch
+        self.sync = True                                    # False inside no_sync(): gradients kept full
         self.mixed_precision = mixed_precision or MixedPrecision()
         broadcast_parameters(module, group)                 # every rank shards rank 0's weights and buffers
         self.gathered_bytes_now, self.peak_gathered_bytes = 0, 0
@@ -111,6 +113,24 @@ class FullyShardedDataParallel(nn.Module):
             for name in names[:1] if remove_duplicate else names:
                 yield prefix + name, piece
 
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backwards inside keep each unit's full gradient, summed locally (no reduce-scatter; memory: the whole
+        unsharded gradient); the first backward after it reduce-scatters the sum, once — FSDP1's no_sync."""
+        self.sync = False
+        try:
+            yield
+        finally:
+            self.sync = True
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False):
+        """Clip every piece's gradient by the norm of the whole (averaged) gradient, and return that norm:
+        one all-reduce of the pieces' Σ|g|ᵖ (FSDP1's `clip_grad_norm_`)."""
+        grads = [p.grad for _, p in self._pieces if p.grad is not None]
+        device = self.shards()[0].flat.data.device if self.shards() else None
+        return clipping.clip_shards_(grads, max_norm, norm_type, self.group, error_if_nonfinite, device=device)
+
     def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
         return self.module.named_buffers(prefix, recurse, remove_duplicate)
 
@@ -152,7 +172,7 @@ class FullyShardedDataParallel(nn.Module):
     # -- forward --------------------------------------------------------------------------------------
     def _enter(self, unit: Unit, args, kwargs):
         unit.gather_for_forward()
-        if self.prefetch and unit.index + 1 < len(self.units):
+        if self.prefetch and unit.index + 1 < len(self.units) and not in_backward():   # not a recomputation
             self.units[unit.index + 1].prefetch()           # overlaps with this unit's compute
         return cast_floating((args, kwargs), self.mixed_precision.param_dtype)
 
@@ -204,16 +224,12 @@ class FullyShardedDataParallel(nn.Module):
         """The views in `fulls` registered as the module's parameters again, so nn.Module's own state-dict
         code names, orders and loads them (a tied parameter under each of its names, as in one process)."""
         for s in self.shards():
-            for view, slots in zip(fulls[id(s)], s.slots):
-                for m, attr, _ in slots:
-                    m._parameters[attr] = view
+            s.register(fulls[id(s)])
         try:
             yield
         finally:
             for s in self.shards():
-                for slots in s.slots:
-                    for m, attr, _ in slots:
-                        del m._parameters[attr]
+                s.register(s.flat.pieces)
 
     def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
         """The full, unsharded state dict (parameters and buffers) under the wrapped module's names — one

@@ -12,12 +12,17 @@ again before backward, reduce-scatter of the gradient: 3·(n−1)/n·Ψ_u·bytes
 - Saved-tensors hooks keep (shard, offset, shape) instead of a view, so the buffer is freed after forward and
   gathered again at the first unpack in backward (a unit no backward op reads, e.g. a first layer whose input
   needs no gradient, is not re-gathered: fewer bytes, never more).
+- A unit gathered inside a backward is `torch.utils.checkpoint` recomputing it: that buffer is freed when the
+  unit's backward is done (non-reentrant checkpoint stops the recomputation early: no forward hook runs).
+- `owner.sync` False (`fsdp.no_sync()`): backward adds the full gradient into `accumulated` instead of
+  reduce-scattering it; the next synced backward reduce-scatters the sum, once (FSDP1's no_sync: more memory).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 
+from partrain_edu.parallel import clipping
 from partrain_edu.parallel.flat_shard import FlatShard
 
 OUTSIDE_FORWARD = ("is sharded by FullyShardedDataParallel outside its unit's forward: read the weights with "
@@ -55,8 +60,11 @@ class _Gather(torch.autograd.Function):
         shard = ctx.shard
         shard.owner.log("done", shard.unit)                 # this unit's backward has computed
         shard.free_backward()
+        grad_full, used = shard.accumulate(grad_full, ctx.used)
+        if grad_full is None:                               # inside no_sync(): kept, reduced later
+            return (None, None, *(None for _ in used))
         chunk = shard.reduce(grad_full)                     # (s,) in the master dtype
-        return (None, None, *(chunk[x:y] if used else None for used, (x, y) in zip(ctx.used, shard.flat.bounds)))
+        return (None, None, *(chunk[x:y] if u else None for u, (x, y) in zip(used, shard.flat.bounds)))
 
 
 class UnitShard:
@@ -70,13 +78,39 @@ class UnitShard:
         self.flat = FlatShard(params, self.owner.group, keep_full=False)
         for piece in self.flat.pieces:
             piece.requires_grad_(self.trainable)
+            if self.trainable:                            # a norm of a piece's gradient is refused
+                clipping.mark_on_accumulate(piece, clipping.FSDP)
+        self.accumulated: tuple[torch.Tensor, list[bool]] | None = None   # no_sync's (padded,) sum, used
         # gathered (and computed) in this dtype; keep_dtype: BatchNorm's, beside its fp32 running statistics
         self.dtype = self.flat.data.dtype if keep_dtype else self.owner.compute_dtype(self.flat.data.dtype)
         self.nbytes = self.flat.padded * torch.empty((), dtype=self.dtype).element_size()
         self.full: torch.Tensor | None = None             # (padded,) gathered for forward
         self.backward_full: torch.Tensor | None = None    # (padded,) gathered again for backward
+        self.recomputed: list[torch.Tensor] = []          # (padded,) gathered for a checkpoint's recomputation
         self._pending = None                              # (buffer, work) of an all-gather in flight
         self.set_views(None)
+        self.register(self.flat.pieces)
+
+    def register(self, tensors: list[torch.Tensor]) -> None:
+        """Register `tensors` (the pieces; the full views while a state dict is built) as the module's
+        parameters: `module.named_parameters()` lists every parameter, as FSDP2's DTensors stay visible.
+        Forward reads the attribute itself (`set_views`), which shadows the registration."""
+        for t, slots in zip(tensors, self.slots):
+            for module, attr, _ in slots:
+                module._parameters[attr] = t
+
+    def accumulate(self, grad_full: torch.Tensor, used: list[bool]):
+        """(gradient to reduce now or None, used): outside no_sync the sum with what no_sync kept."""
+        if self.accumulated is not None:
+            total, before = self.accumulated
+            grad_full, used = total.add_(grad_full), [a or b for a, b in zip(before, used)]
+        if self.owner.sync:
+            self.accumulated = None
+            return grad_full, used
+        if self.accumulated is None:                      # in the master dtype: bf16 would round each sum
+            grad_full = grad_full.to(self.flat.data.dtype, copy=True)
+        self.accumulated = (grad_full, used)
+        return None, used
 
     def prefetch(self) -> None:
         if self._pending is None:
@@ -117,7 +151,12 @@ class UnitShard:
         else:                                             # frozen, or no_grad: nothing to differentiate
             self.full = self.take_gathered()
             self.set_views(self.full)
-        self.owner.gathered[id(self.full)] = self
+        if in_backward():                                 # checkpoint recomputing: freed after this backward
+            self.recomputed.append(self.full)
+            self.full = None
+            self.owner.regathered(self)
+        else:
+            self.owner.gathered[id(self.full)] = self
 
     def free_after_forward(self) -> None:
         if self.full is not None:
@@ -136,12 +175,21 @@ class UnitShard:
         if self.backward_full is not None:
             self.owner.track(-self.nbytes)
             self.backward_full = None
+        if self.recomputed:
+            self.owner.track(-self.nbytes * len(self.recomputed))
+            self.recomputed = []
+            self.set_views(None)
 
     def reduce(self, grad_full: torch.Tensor) -> torch.Tensor:
         """(s,) this rank's chunk of the gradient averaged over ranks, in reduce_dtype on the wire."""
         wire = self.owner.reduce_dtype(self.flat.data.dtype)
         chunk = self.flat.reduce_scatter_mean(grad_full.to(wire).contiguous())   # a scratch copy when cast
         return chunk.to(self.flat.data.dtype)
+
+
+def in_backward() -> bool:
+    """Whether autograd's engine is running a backward on this thread (a checkpoint's recomputation runs there)."""
+    return torch._C._current_graph_task_id() != -1
 
 
 class Unit:

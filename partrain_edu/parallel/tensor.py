@@ -25,6 +25,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from partrain_edu.parallel import clipping
 from partrain_edu.parallel.tp_comm import all_reduce_, copy_to_tensor_parallel, reduce_from_tensor_parallel
 
 # style → (the layer type it splits, the width it splits, that width in words)
@@ -36,6 +37,7 @@ STYLES = {"colwise": (nn.Linear, "out_features", "output features"),
 def _shard(full: torch.Tensor, dim: int, region: TensorParallelRegion) -> nn.Parameter:
     part = nn.Parameter(full.detach().chunk(region.size, dim)[region.rank].clone())
     part.tp_split_dim = dim  # marks a split parameter, as Megatron's `tensor_model_parallel` attribute does
+    clipping.mark_on_accumulate(part, clipping.TENSOR_PARALLEL)  # its gradient's norm is a slice's: refused
     return part
 
 

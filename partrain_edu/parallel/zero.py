@@ -13,12 +13,17 @@ at the end of every backward (m per step with m micro-batches) and drops the ful
 The inner optimizer is given this rank's *pieces* of the parameters, so an elementwise update (SGD, Adam,
 AdamW, …) is exactly the single-process one, parameter by parameter: param groups, a `step` per parameter, and
 no update for a parameter without a gradient. Frozen parameters are left out, as one process leaves them.
+Clip with `opt.clip_grad_norm_(max_norm)` (clipping.py: a norm of `p.grad` here is refused, never one rank's);
+accumulate micro-batches as in one process — stage 2 reduce-scatters each backward unless inside `no_sync()`.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.distributed as dist
 
+from partrain_edu.parallel import clipping
 from partrain_edu.parallel.buckets import OncePerBackward
 from partrain_edu.parallel.ddp import broadcast_tensors
 from partrain_edu.parallel.flat_shard import FlatShard, by_dtype
@@ -62,11 +67,38 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self.state = self.inner.state                           # this rank's states, keyed by piece
         self._grads = {id(f): None for f in self.flats}         # (s,) reduced gradient, summed over backwards
         self._used = {id(f): [False] * len(f.params) for f in self.flats}
-        self._hooks = []
-        if stage == 2:                                          # reduce-scatter as each backward ends
-            end = OncePerBackward(self.reduce_gradients)
-            self._hooks = [p.register_post_accumulate_grad_hook(lambda _p: end.arm()) for p in trainable]
+        self._sync, self._reduced = True, False                 # _reduced: stage 1's this step (clipping)
+        self._end = OncePerBackward(self.reduce_gradients)      # stage 2: reduce-scatter as each backward ends
+        self._hooks = [p.register_post_accumulate_grad_hook(self._accumulated) for p in trainable]
+        if stage == 2:                                          # a dropped gradient's placeholder goes first
+            self._hooks += [p.register_hook(lambda g, p=p: self._drop_placeholder(p)) for p in trainable]
         self._building = False
+
+    def _accumulated(self, p) -> None:
+        """After autograd adds into p.grad: hand it out as this rank's own (norms refused); stage 2 reduces at
+        the end of this backward unless inside no_sync()."""
+        p.grad = clipping.mark(p.grad, clipping.ZERO_STAGE1)
+        if self.stage == 2 and self._sync:
+            self._end.arm()
+
+    @staticmethod
+    def _drop_placeholder(p) -> None:
+        if clipping.is_placeholder(p.grad):
+            p.grad = None                                       # the next backward starts from None
+
+    @staticmethod
+    def _full_grad(p):
+        return None if clipping.is_placeholder(p.grad) else p.grad
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Micro-batches whose backward only accumulates into p.grad: stage 2 reduce-scatters once, at the end
+        of the first backward after it (stage 1 always reduces once, in step())."""
+        self._sync = False
+        try:
+            yield
+        finally:
+            self._sync = True
 
     def _piece(self, p: torch.Tensor) -> torch.Tensor:
         flat, i = self._where[id(p)]
@@ -82,14 +114,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """Reduce-scatter the full gradients into this rank's chunk (summed over calls) and drop them.
         `step()` calls it; under stage 2 the end of every backward does, so only the chunk stays resident."""
         for flat in self.flats:
-            grads = [p.grad for p in flat.params]
+            grads = [self._full_grad(p) for p in flat.params]
             part = flat.reduce_scatter_mean(flat.flatten(grads))   # (s,) all ranks, even with no gradient
             mine = self._grads[id(flat)]
             self._grads[id(flat)] = part if mine is None else mine.add_(part)
             self._used[id(flat)] = [u or g is not None for u, g in zip(self._used[id(flat)], grads)]
-            if self.stage == 2:
-                for p in flat.params:
-                    p.grad = None
+            if self.stage == 2:                                 # a placeholder: torch's clip is refused
+                for p, g in zip(flat.params, grads):
+                    p.grad = None if g is None else clipping.placeholder(p, clipping.ZERO_STAGE2)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -97,11 +129,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self.stage == 1:                                     # reduce what autograd accumulated, once
-            self._clear_reduced()
-            self.reduce_gradients()
-        elif any(p.grad is not None for f in self.flats for p in f.params):
-            self.reduce_gradients()                             # a backward this optimizer did not see end
+        self._reduce_now()
         for mine, theirs in zip(self.param_groups, self.inner.param_groups):
             theirs.update({k: v for k, v in mine.items() if k != "params"})   # an LR scheduler writes ours
         for flat in self.flats:
@@ -113,14 +141,35 @@ class ZeroOptimizer(torch.optim.Optimizer):
             self._clear_reduced()                               # stage 1's resident gradients are the full ones
         return loss
 
+    def _reduce_now(self) -> None:
+        if self.stage == 1 and not self._reduced:               # reduce what autograd accumulated, once
+            self._clear_reduced()
+            self.reduce_gradients()
+            self._reduced = True
+        elif self.stage == 2 and any(self._full_grad(p) is not None for f in self.flats for p in f.params):
+            self.reduce_gradients()                             # a backward this optimizer did not see end
+
     def _clear_reduced(self) -> None:
         for flat in self.flats:
             flat.set_piece_grads(None, [False] * len(flat.params))
             self._grads[id(flat)], self._used[id(flat)] = None, [False] * len(flat.params)
+        self._reduced = False
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        for flat in self.flats:
+            for p in flat.params:
+                self._drop_placeholder(p)
         super().zero_grad(set_to_none)
         self._clear_reduced()
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False):
+        """Clip the averaged gradient by its true norm, returned: reduce-scatter now (stage 1: the one of this
+        step; step() then does not repeat it), one all-reduce of the chunks' Σ|g|ᵖ, scale the chunks."""
+        self._reduce_now()
+        chunks = self.gradient_shards()
+        return clipping.clip_shards_(chunks, max_norm, norm_type, self.group, error_if_nonfinite,
+                                     device=self.flats[0].data.device)
 
     def gradient_shards(self) -> list[torch.Tensor]:
         """The reduced gradient chunks alive now (stage 2 keeps them from backward until `zero_grad`)."""
