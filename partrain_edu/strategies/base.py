@@ -23,6 +23,7 @@ from partrain_edu import runtime
 from partrain_edu.config import TrainConfig
 from partrain_edu.data import data_parallel_slice, split_microbatches
 from partrain_edu.models import TinyGPT
+from partrain_edu.parallel.fsdp import FullyShardedDataParallel
 
 LEARNING_RATE = 3e-3
 
@@ -66,7 +67,9 @@ class Strategy:
         model (DDP hooks, FSDP units) need nothing more."""
         x, y = data_parallel_batch(self, x, y)  # (B/dp, T) each
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum, count = self.accumulate(self.model, x, y, no_sync=getattr(self.model, "no_sync", None))
+        # DDP's no_sync only: ZeRO-3 reduce-scatters every micro-batch (FSDP's no_sync would keep full gradients)
+        no_sync = None if isinstance(self.model, FullyShardedDataParallel) else getattr(self.model, "no_sync", None)
+        loss_sum, count = self.accumulate(self.model, x, y, no_sync=no_sync)
         self.sync_after_backward()
         self.optimizer.step()
         return loss_sum, count
