@@ -12,10 +12,8 @@ again before backward, reduce-scatter of the gradient: 3·(n−1)/n·Ψ_u·bytes
 - Saved-tensors hooks keep (shard, offset, shape) instead of a view, so the buffer is freed after forward and
   gathered again at the first unpack in backward (a unit no backward op reads, e.g. a first layer whose input
   needs no gradient, is not re-gathered: fewer bytes, never more).
-- A unit gathered inside a backward is `torch.utils.checkpoint` recomputing it: that buffer is freed when the
-  unit's backward is done (non-reentrant checkpoint stops the recomputation early: no forward hook runs).
-- `owner.sync` False (`fsdp.no_sync()`): backward adds the full gradient into `accumulated` instead of
-  reduce-scattering it; the next synced backward reduce-scatters the sum, once (FSDP1's no_sync: more memory).
+- Gathered inside a backward (a checkpoint recomputing the unit): freed when the unit's backward is done.
+  `fsdp.no_sync()`: backward sums full gradients in `accumulated`; the next synced one reduce-scatters them.
 """
 from __future__ import annotations
 

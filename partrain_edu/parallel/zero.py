@@ -12,9 +12,8 @@ at the end of every backward (m per step with m micro-batches) and drops the ful
 
 The inner optimizer is given this rank's *pieces* of the parameters, so an elementwise update (SGD, Adam,
 AdamW, …) is exactly the single-process one, parameter by parameter: param groups, a `step` per parameter, and
-no update for a parameter without a gradient. Frozen parameters are left out, as one process leaves them.
-Clip with `opt.clip_grad_norm_(max_norm)` (clipping.py: a norm of `p.grad` here is refused, never one rank's);
-accumulate micro-batches as in one process — stage 2 reduce-scatters each backward unless inside `no_sync()`.
+no update for a parameter without a gradient. Frozen parameters are left out. Clip with `opt.clip_grad_norm_`
+(a norm of `p.grad` is refused: clipping.py); stage 2 reduce-scatters each backward unless in `no_sync()`.
 """
 from __future__ import annotations
 
