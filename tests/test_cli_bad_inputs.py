@@ -66,7 +66,7 @@ BAD = [
     (50, "plan --params 13B --gpus 64 --gpu-memory 80", "fit no layout of 64 GPU"),
     (51, "plan --params 13B --gpus 0 --gpu-memory 80GB", "--gpus: must be at least 1"),
     (52, "plan --params 13B --gpus 64 --gpu-memory 80GB --gpus-per-node 3", "use whole nodes"),
-    (53, "plan --params 13B --gpus 64", "required: --gpu-memory"),
+    (53, "plan --params 13B --gpus 64", "needs --gpu-memory (e.g. 80GB)"),
     (54, "plan --params 13B --gpus 64 --gpu-memory 80GB --interconnect pigeon", "invalid choice: 'pigeon'"),
     (55, "plan --params 1e400 --gpus 8 --gpu-memory 80GB", "above the limit of 1e18"),
     (58, "plan --params 1 --gpus 8 --gpu-memory 1", "fit no layout of 8 GPU"),
@@ -137,6 +137,19 @@ BEYOND = [
     ("traffic --strategy cp --layers 32 --hidden 4096 --seq 8192 --micro-batch 1", "needs --cp 2 or more"),
     ("plan --params 13B --gpus 64 --gpu-memory 80GB --seq 0", "--seq: must be at least 1"),
     ("plan --params 13B --gpus 64 --gpu-memory 80GB --seq 100000000000000000000", "shorter sequences (--seq)"),
+    # issue 26: estimate, and plan with a model and a device
+    ("estimate --model tpu-9000", "unknown model 'tpu-9000'"),
+    ("estimate --layers 24 --hidden 2048 --dp 8", "missing --heads --vocab --seq"),
+    ("estimate --model llama3-405b --device b200", "unknown device 'b200'"),
+    ("estimate --model llama3-405b --tp 3", "--tp 3 does not divide the 128 heads"),
+    ("estimate --model llama3-405b --vpp 4", "--vpp 4 interleaves chunks of a pipeline"),
+    ("estimate --model gpt-1.3b --dp 3 --global-batch 8", "not a multiple of dp × micro-batch"),
+    ("estimate --model gpt-1.3b --ep 2", "this model has none"),
+    ("estimate --model gpt-1.3b --recompute some", "invalid choice: 'some'"),
+    ("estimate --model gpt-1.3b --hidden 2050", "not divisible by --heads"),
+    ("plan --gpus 64", "plan needs a model"),
+    ("plan --model llama3-405b --device h100 --gpus 64", "fit no layout of 64 GPU"),
+    ("plan --model gpt3-175b --device a100 --gpus 1024 --tp 8 --pp 8 --dp 8", "the given layout uses 512 GPUs"),
 ]
 
 

@@ -62,8 +62,8 @@ def test_pipeline_interleaved_and_zb_h1(capsys):
     assert d["bubble_fraction"] == pytest.approx(3 / 27)         # a third of 1F1B's idle time, 9 of 33
 
 
-@pytest.mark.parametrize("params, gpus, strategy", [("1.3B", 64, "ddp"), ("13B", 64, "fsdp"), ("175B", 64, "3d"),
-                                                     ("1.3B", 8, "ddp"), ("13B", 8, "fsdp"), ("175B", 1024, "fsdp-tp")])
+@pytest.mark.parametrize("params, gpus, strategy", [("1.3B", 64, "ddp"), ("13B", 64, "fsdp-tp"), ("175B", 64, "3d"),
+                                                     ("1.3B", 8, "ddp"), ("13B", 8, "fsdp"), ("175B", 1024, "3d")])
 def test_plan_must_show(capsys, params, gpus, strategy):
     d = run_json(capsys, "plan", "--params", params, "--gpus", gpus, "--gpu-memory", "80GB")
     assert d["strategy"] == strategy
@@ -159,7 +159,31 @@ def test_plan_global_batch_caps_the_replicas(capsys):
 
 def test_plan_seq_long_sequences_choose_cp(capsys):
     d = run_json(capsys, "plan", "--params", "8B", "--gpus", 64, "--gpu-memory", "80GB", "--seq", 131072)
-    assert d["strategy"] == "cp" and d["cp"] > 1 and "131,072 tokens" in d["reason"]
+    assert d["strategy"] == "cp" and d["cp"] > 1 and "of the 131,072 positions" in d["reason"]
     assert "cp" not in run_json(capsys, "plan", "--params", "8B", "--gpus", 64, "--gpu-memory", "80GB")
     # an odd length still plans: the search skips the tp that would not divide it
     assert run_json(capsys, "plan", "--params", "13B", "--gpus", 64, "--gpu-memory", "80GB", "--seq", 4097)
+
+
+ESTIMATE_KEYS = {"memory_bytes_per_gpu", "fits", "bubble", "step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu",
+                 "mfu", "breakdown"}
+
+
+def test_estimate_prints_every_key_for_a_preset_and_for_a_shape(capsys):
+    d = run_json(capsys, "estimate", "--model", "llama3-405b", "--device", "h100-sxm", "--tp", 8, "--pp", 16,
+                 "--vpp", 8, "--dp", 64, "--zero", 2, "--global-batch", 2048)
+    assert ESTIMATE_KEYS <= set(d) and d["fits"] and d["gpus"] == 8192
+    assert d["step_time_s"] == pytest.approx(sum(d["breakdown"].values()))
+    assert 0.3 < d["mfu"] < 0.6 and d["layout"]["schedule"] == "interleaved"
+    moe = run_json(capsys, "estimate", "--layers", 16, "--hidden", 2048, "--heads", 16, "--kv-heads", 4, "--ffn", 5632,
+                   "--gated", "--untied", "--vocab", 32000, "--seq", 4096, "--experts", 8, "--top-k", 2,
+                   "--device", "a100-40gb", "--dp", 8, "--ep", 8, "--zero", 1, "--global-batch", 64,
+                   "--recompute", "full")
+    assert ESTIMATE_KEYS <= set(moe) and moe["breakdown"]["ep"] > 0
+
+
+def test_plan_costs_a_given_layout_beside_its_three_best(capsys):
+    d = run_json(capsys, "plan", "--model", "gpt3-175b", "--device", "a100-80gb", "--gpus", 1024,
+                 "--global-batch", 1536, "--tp", 8, "--pp", 8, "--vpp", 2)
+    assert len(d["best"]) == 3 and d["given"]["layout"]["dp"] == 16
+    assert d["given"]["step_time_s"] <= 1.10 * d["best"][0]["step_time_s"]

@@ -1,10 +1,9 @@
 """Context parallelism in theory/ (pure Python): the grid's cp dimension, the ring's K/V bytes, the activations'
-sequence shard, and the planner splitting the sequence only when long sequences make activations the wall."""
+sequence shard (the planner's cp search: tests/test_theory_planner.py)."""
 import pytest
 
 from partrain_edu.theory import grid
 from partrain_edu.theory.memory import activation_bytes_per_layer, estimate_memory
-from partrain_edu.theory.planner import candidate_layouts, plan
 from partrain_edu.theory.traffic import cp_bytes_per_layer, step_traffic
 
 GB80 = 80_000_000_000
@@ -52,16 +51,3 @@ def test_activations_per_rank_fall_as_one_over_cp():
     states = estimate_memory(7_000_000_000, layers=32, hidden=4096, heads=32, seq=8192, micro_batch=1, cp=4)
     alone = estimate_memory(7_000_000_000, layers=32, hidden=4096, heads=32, seq=8192, micro_batch=1)
     assert states.params_bytes == alone.params_bytes and states.activations_bytes * 4 == alone.activations_bytes
-
-
-def test_the_planner_splits_the_sequence_only_when_activations_are_the_wall():
-    short = plan("8B", 64, GB80)
-    assert short.layout.cp == 1 and "cp" not in short.to_dict()
-    assert all(lay.cp == 1 for lay in candidate_layouts("8B", 64, GB80))
-    long = plan("8B", 64, GB80, seq=131072)
-    d = long.to_dict()
-    assert d["strategy"] == "cp" and d["cp"] > 1 and d["dp"] * d["tp"] * d["pp"] * d["cp"] == 64
-    assert "context parallel" in d["reason"] and "131,072 tokens" in d["reason"]
-    layouts = candidate_layouts("8B", 64, GB80, seq=131072)
-    assert layouts and all(lay.cp > 1 for lay in layouts)        # nothing fits with the whole sequence per GPU
-    assert all(lay.bytes_per_device <= 0.9 * GB80 for lay in layouts)

@@ -4,7 +4,12 @@
                  (ZeRO, Rajbhandari et al. 2020; Megatron-LM, Narayanan et al. 2021; Korthikanti et al. 2022)
 - ``traffic``    bytes each rank sends per training step, per collective (ring cost model)
 - ``schedules``  pipeline schedules as per-stage action lists, and a simulator (GPipe, 1F1B, interleaved, ZB-H1)
-- ``planner``    which strategy for this model on these GPUs (the source notes' decision order, then a search)
+- ``model_spec`` a transformer's shape (GQA, SwiGLU, MoE, untied): parameters, FLOPs per token; presets
+- ``hardware``   GPU presets with their datasheet sources; ``calibration`` what each achieves, fitted on
+                 ``published_runs`` (a table of published training runs, ``published_runs.csv``)
+- ``layout``     how a step is spread (tp, pp, vpp, dp, cp, ep, ZeRO, batch, recompute); ``layout_memory`` its
+                 fullest GPU's bytes; ``step_time`` its seconds; ``estimate`` both, with MFU (``estimate``)
+- ``planner``    which layout for this model on these GPUs: every layout that fits, priced by ``estimate``
 - ``batch_limit`` how many data-parallel replicas a global batch can feed, and when 2D (FSDP × TP) is needed
 - ``efficiency`` FLOPs per token, MFU/HFU, arithmetic intensity and the roofline, comm/compute per dimension
 - ``moe``        mixture-of-experts capacity, dropped tokens, the load-balancing loss, all-to-all bytes

@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from partrain_edu.theory.cli_model import DEGREES, add_estimate, add_layout_flags, add_model_flags, layout_from, model_from
+from partrain_edu.theory.hardware import canonical
 from partrain_edu.theory.memory import OPTIMIZERS, PRECISIONS, RECOMPUTE, estimate_memory
 from partrain_edu.theory.planner import GLOBAL_BATCH, SEQ, plan
 from partrain_edu.theory.schedules import SCHEDULES, build_schedule, simulate
@@ -126,8 +128,21 @@ def run_pipeline(args: argparse.Namespace) -> int:
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    shape_given = args.model or args.gated or args.untied or any(
+        getattr(args, name) is not None for name in ("layers", "hidden", "heads", "vocab", "kv_heads", "ffn",
+                                                     "experts", "top_k", "moe_ffn", "moe_layers"))
+    model = model_from(args) if shape_given else None      # else --params: GPT-3's shape of that size, at --seq
+    if model is None and args.params is None:
+        raise ValueError("plan needs a model: --params N (a GPT-3-like shape), --model PRESET, or the shape flags")
+    if model is None and args.gpu_memory is None and args.device is None:
+        raise ValueError("plan --params needs --gpu-memory (e.g. 80GB), or --device NAME for its memory")
+    given = None
+    if any(getattr(args, name) is not None for name in DEGREES + ("zero", "micro_batch", "recompute")):
+        args.dp = args.dp or max(1, args.gpus // ((args.tp or 1) * (args.pp or 1) * (args.cp or 1)))
+        given = layout_from(args, args.global_batch)
     return _emit(args, plan(args.params, args.gpus, args.gpu_memory, args.gpus_per_node, args.interconnect,
-                            global_batch=args.global_batch, seq=args.seq))
+                            global_batch=args.global_batch, seq=args.seq or SEQ, model=model,
+                            device=canonical(args.device) if args.device else None, given=given))
 
 
 def _json_flag(parser: argparse.ArgumentParser) -> None:
@@ -186,15 +201,17 @@ def add_subcommands(subparsers) -> None:
     p.set_defaults(func=run_pipeline)
 
     p = subparsers.add_parser("plan", help="which strategy for this model on these GPUs",
-                              description="The source notes' decision order, then a search for step time.")
-    p.add_argument("--params", type=size, required=True)
+                              description="Every layout that fits, priced by the calibrated model (estimate); "
+                                          "the simplest good one, the three fastest, and a layout you give.")
+    p.add_argument("--params", type=size, help="parameter count of a GPT-3-like model (or --model / the shape)")
     p.add_argument("--gpus", type=positive_int, required=True)
-    p.add_argument("--gpu-memory", type=size, required=True, help="bytes per GPU, e.g. 80GB")
+    p.add_argument("--gpu-memory", type=size, help="bytes per GPU, e.g. 80GB (default: the --device's)")
+    add_model_flags(p, positive_int, device_default=None)
+    add_layout_flags(p, positive_int, defaults=False)
     p.add_argument("--gpus-per-node", type=positive_int, default=8)
     p.add_argument("--interconnect", choices=tuple(LINKS), default="infiniband", help="link between nodes")
     p.add_argument("--global-batch", type=positive_int, default=GLOBAL_BATCH,
                    help=f"sequences per step (default {GLOBAL_BATCH}); at most one data-parallel replica each")
-    p.add_argument("--seq", type=positive_int, default=SEQ,
-                   help=f"tokens per sequence (default {SEQ}); long ones make the plan split them (cp)")
     _json_flag(p)
     p.set_defaults(func=run_plan)
+    add_estimate(subparsers, positive_int, _json_flag)

@@ -87,10 +87,12 @@ class Estimate:
             f"MFU {self.mfu:.1%} (HFU {self.hfu:.1%}), bubble {self.bubble:.1%}"])
 
 
-def estimate(model: ModelSpec, layout: Layout, device: str, eff: Efficiency | None = None) -> Estimate:
-    """Memory, fit and step time of `layout` for `model` on GPUs of preset `device` (one-line errors)."""
+def estimate(model: ModelSpec, layout: Layout, device: str, eff: Efficiency | None = None,
+             memory_bytes: float | None = None) -> Estimate:
+    """Memory, fit and step time of `layout` for `model` on GPUs of preset `device` (one-line errors);
+    `memory_bytes` replaces the device's HBM size (a planner asked about 40 GB GPUs)."""
     hw = device_named(device)
     layout.check(model)
     timed = step_time(model, layout, device, eff or terms(canonical(device)))
-    return Estimate(model, layout, canonical(device), fullest_stage(model, layout), hw.memory_bytes,
+    return Estimate(model, layout, canonical(device), fullest_stage(model, layout), memory_bytes or hw.memory_bytes,
                     timed.seconds, timed.breakdown)

@@ -1,69 +1,41 @@
-"""Which strategy for this model on these GPUs? The source notes' decision order, then a small search.
+"""Which layout for this model on these GPUs? Every layout that fits, priced by the calibrated model; the simplest good one.
 
     partrain-edu plan --params 13B --gpus 64 --gpu-memory 80GB --json     # → fsdp, ZeRO-3 over 64
+    partrain-edu plan --model llama3-405b --device h100-sxm --gpus 16384 --global-batch 2048
 
-The notes' decision order (80 GB as the yardstick; squeeze one device first with mixed precision,
-activation recompute and gradient accumulation):
-
-1. parameters + optimizer states fit one device (≈ ≤ 2B on 80 GB)   → DDP
-2. they don't, but sharded they do (≈ 3–30B)                       → FSDP FULL_SHARD / ZeRO-3
-3. beyond (> 30B, or sharding alone is too slow)                    → TP inside a node (≤ GPUs per node,
-   NVLink) + PP across nodes + DP outside: "3d" (Megatron-LM, Narayanan et al. 2021 §3)
-
-and "TP/PP cost far more engineering than FSDP: only when necessary"; FSDP's extra traffic "must be hidden
-by prefetching and overlapping it with compute". As code: we enumerate every layout (dp, tp, pp, ZeRO stage,
-micro-batch size, recompute) of the GPUs, keep those that fit memory, estimate each one's step time, and
-take the simplest family (ddp, then fsdp) whose best layout hides its data-parallel traffic behind compute
-and is within ``SIMPLICITY_MARGIN`` of the fastest layout; failing both, the fastest layout of "fsdp-tp"
-(ZeRO-3 over dp with tp inside a node, no pipeline: FSDP × TP, 2D), "3d" or "cp", a tie going to the first.
-So the thresholds above are not typed in; they come out of the memory and traffic models. With the
-constants below, on 80 GB GPUs over InfiniBand: DDP up to ≈4B; FSDP up to ≈80B on 64 GPUs (8 GPUs run
-out of memory at ≈40B); 3d beyond. On 512 GPUs the fixed batch leaves each GPU so little compute that even
-a 1.3B model's all-reduce no longer hides, and FSDP × TP wins at most sizes (pass a bigger ``global_batch``).
-The batch also caps dp: each replica needs a whole sequence (``theory.batch_limit``), so a small batch on many
-GPUs forces tp, pp or cp.
-
-Assumptions, all constants below: mixed precision + Adam (memory.py), a GPT of the shape the model size
-suggests (``assumed_shape``: GPT-3's 128-wide heads and hidden ≈ 128 × layers; 1.3B → 24 × 2048,
-13B → 40 × 5120, 175B → 96 × 12288, as in Brown et al. 2020 Table 2.1), sequences of 2048 tokens,
-a global batch of 1024 sequences (≈ 2M tokens) and 400 TFLOP/s sustained per GPU.
-
-Memory per GPU: memory.py's estimate (1F1B; sequence parallel whenever tp > 1) plus two transient buffers:
-with full recompute one layer's activations while it is recomputed, and with ZeRO-3 two gathered layers
-(current + prefetched). It must fit ``USABLE_FRACTION`` of the device (the rest: CUDA context, NCCL
-buffers, fragmentation). ZeRO-2/3 are used without PP (FSDP), ZeRO-1 (Megatron's distributed optimizer)
-with it.
-
-Long sequences (``seq=``, from Python): when no layout fits with whole sequences, the activations are the wall
-and the search adds context parallelism, cp ranks per sequence (ring attention: traffic.py's "cp", memory.py's
-sequence shard), as strategy "cp"; its replicated gradients are reduced over dp × cp.
-
-Step time: compute = 6Ψ FLOPs per token (8Ψ with full recompute: one more forward; Narayanan et al. 2021
-§5.1) over tp·pp GPUs, stretched by the 1F1B bubble to (m + pp − 1)/m; plus tensor- and pipeline-parallel
-traffic (on the critical path); plus data-parallel traffic beyond what overlaps with compute. Traffic is
-traffic.py's ring model over the link the group spans: NVLink inside a node, ``interconnect`` across.
+The source notes' decision order (DDP while the states fit one device, then FSDP/ZeRO-3, then TP inside a node +
+PP across nodes + DP outside, "only when necessary") as a search: every layout of the GPUs — tp ≤ a node, pp (uneven
+stages allowed), interleaving v, cp (each rank keeping ≥ `MIN_CP_POSITIONS` positions), ep for MoE, ZeRO 0–3,
+micro-batch, recompute — that fits memory (`layout_memory`) is timed by `estimate` (`step_time` at the device's
+fitted efficiency). The answer is the simplest family (`FAMILIES`, simplest first) whose best layout is within
+`SIMPLICITY_MARGIN` of the fastest: TP and PP cost engineering, worth it only beyond that. `plan` also returns the
+three fastest layouts and, given one, costs it beside them. Without a model (`params` only) the shape is GPT-3's
+for that size (`assumed_shape`), on H100s of `gpu_memory`; `interconnect` is the link between nodes.
 """
-
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from partrain_edu.theory import grid
-from partrain_edu.theory.batch_limit import max_dp_for_batch
-from partrain_edu.theory.memory import activation_bytes_per_layer, estimate_memory
-from partrain_edu.theory.traffic import LINKS, step_traffic
+from partrain_edu.theory.estimate import Estimate, estimate
+from partrain_edu.theory.hardware import canonical, device_named
+from partrain_edu.theory.layout import Layout as Spread
+from partrain_edu.theory.layout_memory import fullest_stage
+from partrain_edu.theory.model_spec import RECOMPUTE, ModelSpec, gpt
+from partrain_edu.theory.plan_reason import reason_for
+from partrain_edu.theory.traffic import LINKS
 from partrain_edu.units import format_bytes, format_count, parse_size
 
 SEQ, VOCAB, HEAD_DIM = 2048, 51200, 128
 GLOBAL_BATCH = 1024             # sequences per optimizer step
-FLOPS_PER_GPU = 400e12          # sustained; ≈ 40 % of an H100's 989 TFLOP/s dense bf16 peak
-USABLE_FRACTION = 0.9
-SIMPLICITY_MARGIN = 1.5         # a simpler family may be up to 1.5x slower than the fastest layout
+DEFAULT_DEVICE = "h100-sxm"
+SIMPLICITY_MARGIN = 1.10        # a simpler family may be up to 10 % slower than the fastest layout
 FAMILIES = ("ddp", "fsdp", "fsdp-tp", "3d", "cp")
-# taken, in this order, when it fits, hides its dp traffic and is not much slower: it spares TP's engineering.
-# FSDP × TP needs TP already, so it competes on speed with 3d and cp; FAMILIES' order breaks a tie.
-SIMPLEST_FIRST = ("ddp", "fsdp")
+PIPELINE_DEGREES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+MICRO_BATCHES = (1, 2, 4, 8)
+MIN_CP_POSITIONS = 2048         # below this many positions per rank, splitting a sequence starves the matmuls
+NETWORK_GBPS = {"10gbe": 10.0, "1gbe": 1.0}   # per GPU; "infiniband": the device's NIC; "nvlink": its NVLink
 
 
 @dataclass(frozen=True)
@@ -87,10 +59,24 @@ def assumed_shape(params: int) -> Shape:
     return Shape(layers, hidden, heads)
 
 
+def assumed_model(params: int, seq: int = SEQ) -> ModelSpec:
+    shape = assumed_shape(params)
+    return gpt(f"GPT-3-like {format_count(params)}", shape.layers, shape.hidden, shape.heads, VOCAB, seq)
+
+
+def family(spread: Spread) -> str:
+    if spread.cp > 1:
+        return "cp"
+    if spread.pp > 1 or (spread.tp > 1 and spread.zero < 3):
+        return "3d"
+    if spread.tp > 1:
+        return "fsdp-tp"
+    return "fsdp" if spread.zero >= 2 else "ddp"
+
+
 @dataclass(frozen=True)
 class Layout:
     """One way to run the model on the GPUs, with its estimated memory and step time."""
-
     strategy: str
     dp: int
     tp: int
@@ -101,9 +87,23 @@ class Layout:
     recompute: str
     bytes_per_device: int
     step_time_s: float
-    exposed_comm_s: float
-    cp: int = 1              # context-parallel ranks sharing each sequence
-    exposed_dp_s: float = 0.0  # the part of exposed_comm_s that is data-parallel traffic not hidden by compute
+    exposed_comm_s: float       # tp, cp, ep and pp on the critical path + data-parallel traffic not hidden
+    cp: int = 1
+    exposed_dp_s: float = 0.0
+    vpp: int = 1
+    ep: int = 1
+    estimate: Estimate | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, est: Estimate) -> "Layout":
+        s, b = est.layout, est.breakdown
+        return cls(family(s), s.dp, s.tp, s.pp, s.zero, s.micro_batch, s.microbatches, s.recompute,
+                   round(est.memory.total), est.step_time_s,
+                   b["tp"] + b["cp"] + b["ep"] + b["pp"] + b["dp_exposed"], s.cp, b["dp_exposed"], s.vpp, s.ep, est)
+
+    def text(self) -> str:
+        extra = "".join(f" {k}={v}" for k, v in (("vpp", self.vpp), ("cp", self.cp), ("ep", self.ep)) if v > 1)
+        return f"{self.strategy} dp={self.dp} tp={self.tp} pp={self.pp}{extra} ZeRO-{self.zero}"
 
 
 @dataclass(frozen=True)
@@ -112,22 +112,33 @@ class Plan:
     reason: str
     shape: Shape
     seq: int = SEQ
+    top: tuple[Layout, ...] = ()
+    given: Layout | None = None
 
     def to_dict(self) -> dict:
         """The ``plan --json`` object ("cp" only when the plan splits the sequence)."""
         lay = self.layout
-        return {"strategy": lay.strategy, "dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "zero": lay.zero,
-                "bytes_per_device": lay.bytes_per_device, "reason": self.reason} | ({"cp": lay.cp} if lay.cp > 1 else {})
+        out = {"strategy": lay.strategy, "dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "zero": lay.zero,
+               "bytes_per_device": lay.bytes_per_device, "reason": self.reason} | ({"cp": lay.cp} if lay.cp > 1 else {})
+        out["best"] = [cand.estimate.to_dict() | {"strategy": cand.strategy} for cand in self.top]
+        if self.given:
+            out["given"] = self.given.estimate.to_dict() | {"strategy": self.given.strategy}
+        return out
 
     def table(self) -> str:
         lay, shape = self.layout, self.shape
-        return "\n".join([
-            f"strategy {lay.strategy}: dp={lay.dp} tp={lay.tp} pp={lay.pp}" + (f" cp={lay.cp}" if lay.cp > 1 else "")
-            + f" zero={lay.zero}",
-            f"  {format_bytes(lay.bytes_per_device)} per GPU; micro-batch {lay.micro_batch} x {lay.microbatches}, "
-            f"recompute {lay.recompute}; about {lay.step_time_s:.3g} s per step",
-            f"  assumed shape: {shape.layers} layers, hidden {shape.hidden}, {shape.heads} heads, seq {self.seq}",
-            f"  why: {self.reason}"])
+        fastest = self.top[0].step_time_s
+        rows = [f"strategy {lay.text()}", f"  {format_bytes(lay.bytes_per_device)} per GPU; micro-batch "
+                f"{lay.micro_batch} x {lay.microbatches}, recompute {lay.recompute}; about {lay.step_time_s:.3g} s "
+                f"per step, MFU {lay.estimate.mfu:.1%}",
+                f"  shape: {shape.layers} layers, hidden {shape.hidden}, {shape.heads} heads, seq {self.seq}",
+                f"  why: {self.reason}", "  the three fastest layouts:"]
+        for cand in self.top + ((self.given,) if self.given else ()):
+            mark = "given  " if cand is self.given else "       "
+            rows.append(f"  {mark}{cand.text():<44} {cand.step_time_s:8.3g} s ({cand.step_time_s / fastest:4.2f}×) "
+                        f"MFU {cand.estimate.mfu:5.1%}  {format_bytes(cand.bytes_per_device)}  "
+                        f"mb {cand.micro_batch} × {cand.microbatches}, recompute {cand.recompute}")
+        return "\n".join(rows)
 
 
 def link_of(dim: str, sizes: dict[str, int], gpus_per_node: int, interconnect: str) -> str:
@@ -137,156 +148,105 @@ def link_of(dim: str, sizes: dict[str, int], gpus_per_node: int, interconnect: s
 
 
 def _powers_of_two(limit: int) -> list[int]:
-    return [2**k for k in range(limit.bit_length()) if 2**k <= limit]
+    return [2**k for k in range(max(0, limit).bit_length()) if 2**k <= limit]
 
 
-def candidate_layouts(params: int | str, gpus: int, gpu_memory: int | str, gpus_per_node: int = 8,
-                      interconnect: str = "infiniband", global_batch: int = GLOBAL_BATCH, seq: int = SEQ) -> list[Layout]:
-    """Every layout of ``gpus`` GPUs that fits ``gpu_memory`` bytes each, with its estimated step time, and no more
-    data-parallel replicas than ``global_batch`` has sequences. Context parallelism (cp > 1) is searched only when
-    no layout fits without it: when sequences of ``seq`` tokens make the activations the wall, or the batch leaves
-    too few replicas for tp and pp to fill the GPUs (its ring sends K and V every layer: not a first choice)."""
-    params, gpu_memory = (parse_size(v) if isinstance(v, (str, float)) else v for v in (params, gpu_memory))
-    for flag, value in (("--params", params), ("--gpus", gpus), ("--gpu-memory", gpu_memory),
-                        ("--gpus-per-node", gpus_per_node), ("global_batch", global_batch), ("--seq", seq)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{flag} must be a positive whole number, got {value!r}")
+def network_gbps(interconnect: str, device: str) -> float:
     if interconnect not in LINKS:  # "nvlink" between nodes: NVLink-switch systems such as GB200 NVL72
         raise ValueError(f"--interconnect must be one of {', '.join(LINKS)}, got {interconnect!r}")
+    if interconnect == "nvlink":
+        return device_named(device).nvlink * 8 / 1e9
+    return NETWORK_GBPS.get(interconnect, 0.0)
+
+
+def _spreads(model: ModelSpec, gpus: int, gpus_per_node: int, global_batch: int, net: float):
+    """Every (tp, cp, pp, vpp, ep, dp, zero) of the GPUs, at most one replica per sequence of the batch."""
+    cps = [c for c in _powers_of_two(gpus) if c == 1 or (model.seq // c >= MIN_CP_POSITIONS and model.seq % (2 * c) == 0)]
+    for tp in (t for t in _powers_of_two(min(gpus_per_node, gpus)) if model.heads % t == 0):
+        for cp in (c for c in cps if tp * c <= gpus and (model.seq // c) % tp == 0):
+            for pp in (p for p in PIPELINE_DEGREES if p <= model.layers and gpus % (tp * cp * p) == 0):
+                dp = gpus // (tp * cp * pp)
+                if dp > global_batch:                     # a replica without a whole sequence would idle
+                    continue
+                eps = [1] + [e for e in _powers_of_two(min(model.experts, dp * cp)) if e > 1
+                             and model.experts % e == 0 and (dp * cp) % e == 0]
+                # two chunks may hold only the embedding and the head (Llama 3): as `Layout.check` allows
+                vpps = [1] + [v for v in (2, 4, 8) if pp > 1 and pp * v <= model.layers + 2]
+                for ep in eps:
+                    for vpp in vpps:
+                        for zero in ((0, 1, 2, 3) if pp == 1 else (0, 1, 2)):
+                            yield Spread(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, zero=zero,
+                                         gpus_per_node=gpus_per_node, network_gbps=net)
+
+
+def candidate_layouts(params: int | str | None, gpus: int, gpu_memory: int | str | None = None,
+                      gpus_per_node: int = 8, interconnect: str = "infiniband", global_batch: int = GLOBAL_BATCH,
+                      seq: int = SEQ, *, model: ModelSpec | None = None, device: str | None = None) -> list[Layout]:
+    """Every layout of ``gpus`` GPUs that fits, each timed; per spread the fastest micro-batch and the least
+    recompute that fits it. ``model`` (a ModelSpec) replaces ``params`` (GPT-3's shape of that size)."""
+    device = canonical(device or DEFAULT_DEVICE)
+    if model is None:
+        if params is None:
+            raise ValueError("give --params, or a model (--model PRESET or the shape flags)")
+        params = parse_size(params) if isinstance(params, (str, float)) else params
+        for flag, value in (("--params", params), ("--seq", seq)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{flag} must be a positive whole number, got {value!r}")
+        model = assumed_model(params, seq)
+    memory = parse_size(gpu_memory) if isinstance(gpu_memory, (str, float)) else gpu_memory
+    for flag, value in (("--gpus", gpus), ("--gpu-memory", memory or 1), ("--gpus-per-node", gpus_per_node),
+                        ("--global-batch", global_batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{flag} must be a positive whole number, got {value!r}")
     if gpus > gpus_per_node and gpus % gpus_per_node:
         raise ValueError(f"--gpus {gpus} is not a multiple of --gpus-per-node {gpus_per_node}; use whole nodes")
-    args = (params, gpus, gpu_memory, gpus_per_node, interconnect, global_batch, seq)
-    return _layouts(*args, cps=[1]) or _layouts(*args, cps=[c for c in _powers_of_two(gpus)
-                                                            if c > 1 and seq % (2 * c) == 0])
-
-
-def _layouts(params, gpus, gpu_memory, gpus_per_node, interconnect, global_batch, seq, cps) -> list[Layout]:
-    shape = assumed_shape(params)
-    layer_params = 12 * shape.hidden**2 + 13 * shape.hidden
+    capacity = memory or device_named(device).memory_bytes
+    net = network_gbps(interconnect, device)
     layouts = []
-    for tp, cp in ((tp, cp) for tp in _powers_of_two(min(gpus_per_node, gpus)) for cp in cps):
-        for pp in [d for d in range(1, shape.layers + 1) if shape.layers % d == 0]:
-            # sequence parallelism splits this rank's seq/cp positions over tp: tp must divide them too
-            if tp * pp * cp > gpus or gpus % (tp * pp * cp) or shape.heads % tp or (seq // cp) % tp:
-                continue
-            dp = gpus // (tp * pp * cp)
-            if dp > max_dp_for_batch(global_batch):  # a replica without a whole sequence would idle
-                continue
-            if cp > 1:
-                strategy_zeros = [("cp", 0), ("cp", 1)] + ([("cp", 3)] if tp == pp == 1 else [])
-            else:
-                strategy_zeros = ([("ddp", 0), ("fsdp", 2), ("fsdp", 3)] if tp == pp == 1 else
-                                  [("3d", 0), ("3d", 1)] + ([("fsdp-tp", 3)] if pp == 1 else []))  # 2D: ZeRO-3 × tp
-            seqs = math.ceil(global_batch / dp)  # sequences per model replica per step
-            for (strategy, zero), recompute, b in (
-                    (sz, r, b) for sz in strategy_zeros for r in ("none", "selective", "full")
-                    for b in _powers_of_two(min(seqs, 64))):
-                m = math.ceil(seqs / b)
-                mem = estimate_memory(params, dp=dp, tp=tp, pp=pp, zero=zero, layers=shape.layers,
-                                      hidden=shape.hidden, heads=shape.heads, seq=seq, micro_batch=b,
-                                      recompute=recompute, sequence_parallel=tp > 1, microbatches=m, cp=cp)
-                transient = 2 * 2 * layer_params // tp if zero == 3 else 0
-                if recompute == "full":
-                    transient += activation_bytes_per_layer(seq=seq, micro_batch=b, hidden=shape.hidden,
-                                                            heads=shape.heads, tp=tp, sequence_parallel=tp > 1, cp=cp)
-                total = mem.total_bytes + transient
-                if total > USABLE_FRACTION * gpu_memory:
-                    continue
-                flops = (8 if recompute == "full" else 6) * params * seqs * seq / (tp * pp * cp)
-                compute = flops / FLOPS_PER_GPU * (m + pp - 1) / m
-                shape_kw = dict(layers=shape.layers, hidden=shape.hidden, seq=seq, micro_batch=b, microbatches=m)
-                sizes = {"pp": pp, "dp": dp, "tp": tp} | ({"cp": cp} if cp > 1 else {})
-
-                def bandwidth(dim: str) -> float:
-                    return LINKS[link_of(dim, sizes, gpus_per_node, interconnect)]
-                mine = shape_kw | {"seq": seq // cp}   # tp and pp move this rank's s/c positions only
-                critical = (step_traffic("tp", tp=tp, pp=pp, **mine).per_rank_bytes_sent / bandwidth("tp")
-                            + step_traffic("pp", pp=pp, **mine).per_rank_bytes_sent / bandwidth("pp"))
-                if cp > 1:   # the K/V ring, every layer (its overlap with attention is not counted)
-                    critical += step_traffic("cp", cp=cp, tp=tp, pp=pp, **shape_kw).per_rank_bytes_sent / bandwidth("cp")
-                dp_name = "ddp" if zero == 0 else f"zero{zero}"
-                # the replicated gradients are reduced over dp × cp together (Megatron-Core does the same)
-                dp_time = (step_traffic(dp_name, params, dp=dp * cp, tp=tp, pp=pp, microbatches=m)
-                           .per_rank_bytes_sent / bandwidth("dp"))
-                exposed = max(0.0, dp_time - compute)
-                layouts.append(Layout(strategy, dp, tp, pp, zero, b, m, recompute, total,
-                                      compute + critical + exposed, exposed + critical, cp, exposed))
+    for spread in _spreads(model, gpus, gpus_per_node, global_batch, net):
+        for b in (b for b in MICRO_BATCHES if b <= math.ceil(global_batch / spread.dp)):
+            m = math.ceil(global_batch / (spread.dp * b))
+            sized = replace(spread, micro_batch=b, global_batch=spread.dp * b * m)
+            fitting = next((replace(sized, recompute=r) for r in RECOMPUTE
+                            if fullest_stage(model, replace(sized, recompute=r)).total <= capacity), None)
+            if fitting is None:
+                break                                     # a bigger micro-batch needs more memory still
+            layouts.append(Layout.of(estimate(model, fitting, device, memory_bytes=capacity)))
     return layouts
 
 
-def plan(params: int | str, gpus: int, gpu_memory: int | str, gpus_per_node: int = 8, interconnect: str = "infiniband",
-         global_batch: int = GLOBAL_BATCH, seq: int = SEQ) -> Plan:
-    """The ``plan`` subcommand: the simplest family that fits and hides its traffic, else the fastest layout.
-
-    ``global_batch`` (sequences per step, ``--global-batch``) sets the compute that data-parallel traffic can
-    hide behind, and caps dp at one replica per sequence: on many GPUs a small batch forces model
-    parallelism. ``seq`` (tokens per sequence, ``--seq``) long enough makes the activations the wall: then "cp".
-    """
-    params, gpu_memory = (parse_size(v) if isinstance(v, (str, float)) else v for v in (params, gpu_memory))
-    layouts = candidate_layouts(params, gpus, gpu_memory, gpus_per_node, interconnect, global_batch, seq)
+def plan(params: int | str | None, gpus: int, gpu_memory: int | str | None = None, gpus_per_node: int = 8,
+         interconnect: str = "infiniband", global_batch: int = GLOBAL_BATCH, seq: int = SEQ, *,
+         model: ModelSpec | None = None, device: str | None = None, given: Spread | None = None) -> Plan:
+    """The ``plan`` subcommand: the simplest family within `SIMPLICITY_MARGIN` of the fastest layout; the three
+    fastest; and `given` (a `theory.layout.Layout` of the same GPUs) costed beside them."""
+    layouts = candidate_layouts(params, gpus, gpu_memory, gpus_per_node, interconnect, global_batch, seq,
+                                model=model, device=device)
+    model = model or assumed_model(parse_size(params) if isinstance(params, (str, float)) else params, seq)
+    memory = parse_size(gpu_memory) if isinstance(gpu_memory, (str, float)) else gpu_memory
+    capacity = memory or device_named(canonical(device or DEFAULT_DEVICE)).memory_bytes
     if not layouts:
-        raise ValueError(f"{format_count(params)} parameters fit no layout of {gpus} GPU(s) with "
-                         f"{format_bytes(gpu_memory)} each, even with ZeRO-3 and full recompute; use more GPUs "
-                         "(--gpus) or bigger ones (--gpu-memory)" + (" or shorter sequences (--seq)" if seq > SEQ else "") + (
-                             f", or a global batch of more than {global_batch} sequences (at most one data-parallel "
-                             "replica per sequence)" if gpus > max_dp_for_batch(global_batch) else ""))
-    best = {f: min((lay for lay in layouts if lay.strategy == f),
-                   key=lambda lay: (lay.step_time_s, lay.bytes_per_device), default=None) for f in FAMILIES}
+        raise ValueError(f"{format_count(model.params())} parameters fit no layout of {gpus} GPU(s) with "
+                         f"{format_bytes(capacity)} each, even with ZeRO-3 and full recompute; use more GPUs "
+                         "(--gpus) or bigger ones (--gpu-memory)" + (" or shorter sequences (--seq)" if model.seq > SEQ
+                                                                     else "")
+                         + (f", or a global batch of more than {global_batch} sequences (at most one data-parallel "
+                            "replica per sequence)" if gpus > global_batch else ""))
+    best = {f: min((lay for lay in layouts if lay.strategy == f), key=lambda lay: (lay.step_time_s,
+                   lay.bytes_per_device), default=None) for f in FAMILIES}
     fastest = min(lay.step_time_s for lay in layouts)
-    def acceptable(f: str) -> bool:  # fits, hides its data-parallel traffic, and is not much slower
-        lay = best[f]   # (tp's all-reduces are on the critical path of every tp layout: not counted here)
-        return lay is not None and lay.exposed_dp_s == 0 and lay.step_time_s <= SIMPLICITY_MARGIN * fastest
-
-    family = next((f for f in SIMPLEST_FIRST if acceptable(f)), None) or min(
-        (f for f in FAMILIES if best[f]), key=lambda f: best[f].step_time_s)  # min keeps the first of a tie
-    chosen = best[family]
-
-    def rejected(families: tuple[str, ...]) -> str:
-        names = {"ddp": "plain DDP", "fsdp": "sharding alone (FSDP)", "fsdp-tp": "FSDP × TP"}
-        fitting = [best[f] for f in families if best[f]]
-        if not fitting and len(families) == 1:
-            return f"{names[families[0]]} does not fit one {format_bytes(gpu_memory)} GPU"
-        if not fitting:
-            return (f"neither {' nor '.join(names[f] for f in families)} fits {format_bytes(gpu_memory)} GPUs"
-                    + (" within that batch" if batch else ""))
-        simpler = min(fitting, key=lambda lay: lay.step_time_s)
-        ratio = simpler.step_time_s / chosen.step_time_s
-        slower = f"{ratio:.1f}x slower" if ratio >= 1.1 else f"{ratio - 1:.0%} slower"   # not "1.0x slower"
-        if simpler.exposed_dp_s > 0:
-            return f"{names[simpler.strategy]} could not hide its communication behind compute ({slower})"
-        return f"{names[simpler.strategy]} would be {slower}"
-
-    states = f"{format_count(params)} parameters need {format_bytes(16 * params)} of mixed-precision Adam states"
-    # the global batch feeds at most B replicas (theory.batch_limit): say so where it, not memory, caps dp
-    batch = (f"; a global batch of {global_batch:,} sequences feeds at most {max_dp_for_batch(global_batch):,} "
-             "data-parallel replicas" if gpus > max_dp_for_batch(global_batch) else "")
-    needs = f"needs {format_bytes(chosen.bytes_per_device)} per GPU" + (
-        f" with {chosen.recompute} activation recompute" if chosen.recompute != "none" else "")
-    if family == "ddp":
-        where = "one GPU trains it alone (add GPUs with plain DDP)" if gpus == 1 else \
-            f"plain data parallel (DDP) over {gpus} GPUs is enough"
-        reason = f"{states}, which fit one {format_bytes(gpu_memory)} GPU with the activations, so {where}: it {needs}."
-    elif family == "fsdp-tp":
-        hidden = ", its ZeRO-3 collectives hidden behind compute" if chosen.exposed_dp_s == 0 else ""
-        reason = (f"{states}{batch}; {rejected(('ddp', 'fsdp'))}, so tensor parallel {chosen.tp} inside a node and "
-                  f"ZeRO-3 over {chosen.dp} replicas of {chosen.tp} GPUs (FSDP × TP): it {needs}{hidden}.")
-    elif family == "fsdp":
-        mode = "FULL_SHARD" if chosen.zero == 3 else "SHARD_GRAD_OP"
-        hidden = ", its collectives hidden behind compute" if chosen.exposed_comm_s == 0 else ""
-        reason = (f"{states}; {rejected(('ddp',))}, but sharded with ZeRO-{chosen.zero} over "
-                  f"{chosen.dp} GPUs (FSDP {mode}) it {needs}{hidden}.")
-    else:
-        parts = [f"tensor parallel {chosen.tp} inside a node"] if chosen.tp > 1 else []
-        if chosen.cp > 1:
-            parts.append(f"context parallel {chosen.cp} (ring attention: each GPU holds {seq // chosen.cp:,} of the "
-                         f"{seq:,} positions)")
-        if chosen.pp > 1:
-            parts.append(f"pipeline parallel {chosen.pp} across {'nodes' if gpus > gpus_per_node else 'GPUs'}")
-        if chosen.dp > 1:
-            parts.append(f"data parallel {chosen.dp} outside (ZeRO-{chosen.zero})")
-        two_d = (f"{rejected(('ddp', 'fsdp'))} and {rejected(('fsdp-tp',))}" if best["fsdp-tp"]
-                 else rejected(("ddp", "fsdp", "fsdp-tp")))
-        wall = (f"; at {seq:,} tokens per sequence no layout fits unless the sequence is split too"
-                if family == "cp" else "")
-        reason = f"{states}{batch}; {two_d}{wall}, so {', '.join(parts)}: it {needs}."
-    return Plan(chosen, reason, assumed_shape(params), seq)
+    chosen = next(best[f] for f in FAMILIES if best[f] and best[f].step_time_s <= SIMPLICITY_MARGIN * fastest)
+    distinct = {}
+    for lay in sorted(layouts, key=lambda lay: lay.step_time_s):
+        distinct.setdefault((lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.dp, lay.zero), lay)
+    costed = None
+    if given is not None:
+        if given.gpus != gpus:
+            raise ValueError(f"the given layout uses {given.gpus} GPUs (tp·pp·cp·dp), the plan {gpus}: "
+                             "give degrees whose product is --gpus")
+        given = replace(given, gpus_per_node=gpus_per_node, network_gbps=network_gbps(
+            interconnect, canonical(device or DEFAULT_DEVICE)), global_batch=given.global_batch or global_batch)
+        costed = Layout.of(estimate(model, given, canonical(device or DEFAULT_DEVICE), memory_bytes=capacity))
+    reason = reason_for(chosen, best, fastest, model, gpus, gpus_per_node, capacity, global_batch)
+    shape = Shape(model.layers, model.hidden, model.heads)
+    return Plan(chosen, reason, shape, model.seq, tuple(list(distinct.values())[:3]), costed)

@@ -83,34 +83,38 @@ def stage_times(model: ModelSpec, lay: Layout, device: Device, eff: Efficiency) 
     boundary = 2 * tokens * model.hidden / (lay.tp if lay.sp else 1)
     alpha, beta = _link(lay, "pp", device, eff)
     p2p = 2 * lay.vpp * (alpha + boundary / beta) if lay.pp > 1 else 0.0
-    stages = []
+    stages, priced = [], {}
     for i, n in enumerate(stage_layers(model.layers, lay.pp)):
-        parts = {k: n * v for k, v in per_layer.items()}
-        parts["compute"] = parts.pop("forward") + parts.pop("backward") + parts.pop("recompute")
-        if i == lay.pp - 1:
-            parts["compute"] += 3 * logits_fwd
-        parts["pp"] = p2p
-        stages.append(parts)
+        last = i == lay.pp - 1
+        if (n, last) not in priced:        # stages of equal layers cost the same: price each kind once
+            parts = {k: n * v for k, v in per_layer.items()}
+            parts["compute"] = parts.pop("forward") + parts.pop("backward") + parts.pop("recompute")
+            parts["compute"] += 3 * logits_fwd if last else 0.0
+            parts["pp"] = p2p
+            priced[n, last] = parts
+        stages.append(priced[n, last])
     return stages
 
 
 def _dp_seconds(model: ModelSpec, lay: Layout, device: Device, eff: Efficiency) -> tuple[float, float]:
-    """(per step, per micro-batch) seconds of the data-parallel collectives of the busiest stage's GPU."""
+    """(once per step, every micro-batch) seconds of the data-parallel collectives of the busiest stage's GPU.
+    ZeRO-1 and -2 reduce-scatter the gradients once per step (Llama 3 accumulates them in fp32 over its
+    micro-batches, then reduce-scatters: Dubey et al. 2024 §3.3.2); FSDP gathers and reduces every micro-batch."""
     dense, experts = max((stage_params(model, lay, s) for s in {0, lay.pp - 1}), key=sum)
     link = _link(lay, "dp", device, eff)
     group, expert_group = lay.dp * lay.cp, max(1, lay.dp * lay.cp // lay.ep)
     grad = min(lay.grad_bytes, 4)                # DeepSpeed's bf16 + fp32 pair reduces the fp32 one
-    total = 0.0
+    once = every = 0.0
     for params, n in ((dense, group), (experts, expert_group)):
+        reduce_scatter = _collective("reduce_scatter", grad * params, n, link)
+        gather = _collective("all_gather", 2 * params, n, link)
         if lay.zero == 0:
-            total += _collective("all_reduce", grad * params, n, link)
+            once += _collective("all_reduce", grad * params, n, link)
         elif lay.zero in (1, 2):
-            total += (_collective("reduce_scatter", grad * params, n, link)
-                      + _collective("all_gather", 2 * params, n, link))
+            once += reduce_scatter + gather
         else:  # FSDP: gather forward, gather backward, reduce-scatter — every micro-batch
-            total += (2 * _collective("all_gather", 2 * params, n, link)
-                      + _collective("reduce_scatter", grad * params, n, link)) * lay.microbatches
-    return total, total / (lay.microbatches if lay.zero == 3 else 1)
+            every += 2 * gather + reduce_scatter
+    return once, every
 
 
 def step_time(model: ModelSpec, lay: Layout, device: str, eff: Efficiency | None = None) -> StepTime:
@@ -128,17 +132,16 @@ def step_time(model: ModelSpec, lay: Layout, device: str, eff: Efficiency | None
                         "zb-h1": (lay.pp - 1) / 3}[lay.pipeline_schedule]
     breakdown = {k: m * v for k, v in busiest.items()}
     breakdown["bubble"] = bubble_units * per_mb
-    dp_total, dp_per_mb = _dp_seconds(model, lay, hw, eff)
-    # hidden communication is not free: its kernels take SMs and HBM bandwidth from the compute beside it
-    if lay.zero == 3:      # FSDP prefetches: each micro-batch's collectives hide behind its compute
-        hidden = min(dp_per_mb, busiest["compute"])
-        exposed = m * (dp_per_mb - hidden + eff.overlap_cost * hidden)
-    elif lay.overlap_dp:   # gradient buckets reduce during the last micro-batch's backward
-        hidden = min(dp_total, busiest["compute"] * 2 / 3)
-        exposed = dp_total - hidden + eff.overlap_cost * hidden
-    else:                  # reduced after the pipeline's flush
-        exposed = dp_total
-    breakdown["dp_exposed"] = exposed
+    once, every = _dp_seconds(model, lay, hw, eff)
+
+    def exposed(comm: float, window: float) -> float:
+        """What does not hide behind `window` seconds of compute; what hides still costs `overlap_cost` of itself
+        (its kernels take SMs and HBM bandwidth from the compute beside it)."""
+        hidden = min(comm, window) if lay.overlap_dp else 0.0
+        return comm - hidden + eff.overlap_cost * hidden
+    # FSDP prefetches its gathers across a micro-batch's forward and backward; gradients reduce during backward
+    breakdown["dp_exposed"] = (m * exposed(every, busiest["compute"] * (1 if lay.zero == 3 else 2 / 3))
+                               + exposed(once, busiest["compute"] * 2 / 3))
     dense, experts = stage_params(model, lay, 0)
     owned = dense / (lay.dp * lay.cp if lay.zero else 1) + experts / (max(1, lay.dp * lay.cp // lay.ep)
                                                                       if lay.zero else 1)

@@ -7,7 +7,7 @@ it chose, and what that layout sends per step over which link.
 Everything comes from ``partrain_edu.theory.planner.plan`` (the ``partrain-edu plan`` command): the source
 notes' decision order (DDP if the states fit one device, else FSDP/ZeRO-3, else TP inside a node + PP across
 nodes + DP outside), derived from the memory and traffic models rather than typed in. The memory bar is
-``estimate_memory`` for the chosen layout plus the planner's transient buffers; the traffic bars are
+``theory.layout_memory`` for the chosen layout's fullest GPU (buffers included); the traffic bars are
 ``step_traffic`` per parallel group, timed over the link that group spans (NVLink inside a node).
 """
 
@@ -18,8 +18,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from partrain_edu.theory.memory import estimate_memory
-from partrain_edu.theory.planner import USABLE_FRACTION, Plan, link_of, plan
+from partrain_edu.theory.planner import Plan, link_of, plan
 from partrain_edu.theory.traffic import LINKS, step_traffic
 from partrain_edu.units import format_bytes, format_count, parse_size
 from partrain_edu.viz._app import DEVICE_MEMORY, POWERS_OF_TWO, Section, WidgetApp, link_model_preset, model_controls, toggles
@@ -32,16 +31,11 @@ STRATEGY_NAMES = {"ddp": "DDP", "fsdp": "FSDP / ZeRO", "fsdp-tp": "FSDP × TP (2
 
 
 def layout_memory(chosen: Plan, params: int) -> dict[str, int]:
-    """Bytes per GPU of the chosen layout by component; "transient" is what the planner adds on top."""
-    lay, shape = chosen.layout, chosen.shape
-    mem = estimate_memory(params, dp=lay.dp, tp=lay.tp, pp=lay.pp, zero=lay.zero, layers=shape.layers,
-                          hidden=shape.hidden, heads=shape.heads, seq=chosen.seq, micro_batch=lay.micro_batch,
-                          recompute=lay.recompute, sequence_parallel=lay.tp > 1, microbatches=lay.microbatches,
-                          cp=lay.cp)
-    parts = {"params": mem.params_bytes, "grads": mem.grads_bytes, "optimizer": mem.optimizer_bytes,
-             "activations": mem.activations_bytes}
-    parts["transient"] = lay.bytes_per_device - sum(parts.values())
-    return parts
+    """Bytes on the chosen layout's fullest GPU by component (`theory.layout_memory`, as the planner priced it);
+    "transient" is its buffers: the framework's allowance, the logits, a recomputed layer, gathered units."""
+    mem = chosen.layout.estimate.memory
+    return {"params": round(mem.weights), "grads": round(mem.grads), "optimizer": round(mem.optimizer),
+            "activations": round(mem.activations), "transient": round(mem.buffers)}
 
 
 def layout_traffic(chosen: Plan, params: int, gpus: int, gpus_per_node: int, interconnect: str) -> list[tuple]:
@@ -90,11 +84,9 @@ def _frame(gpu_memory: int, top: float) -> Figure:
     """What depends only on the GPU's memory: both axes, the memory scale and legend, the GPU's lines."""
     fig, (mem_ax, net_ax) = plt.subplots(1, 2, figsize=(11.5, 4.2), gridspec_kw={"width_ratios": [1.15, 2], "wspace": 0.5})
     fig.subplots_adjust(left=0.06, right=0.97, top=0.78, bottom=0.13)
-    # in the frame, under the bars: a chosen layout fits below the usable line, so no bar reaches them
+    # in the frame, under the bars: a chosen layout fits below the GPU line, so no bar reaches it
     mem_ax.axhline(gpu_memory / 1e9, color=INK, ls="--", lw=1.3)
-    mem_ax.axhline(USABLE_FRACTION * gpu_memory / 1e9, color=INK, ls=":", lw=1)
     mem_ax.text(0.42, gpu_memory / 1e9, f"{format_bytes(gpu_memory)} GPU", va="bottom", fontsize=8.5)
-    mem_ax.text(0.42, USABLE_FRACTION * gpu_memory / 1e9, f"{USABLE_FRACTION:.0%} usable", va="top", fontsize=8.5)
     mem_ax.set_xlim(-0.45, 1.7)
     mem_ax.set_ylim(0, top)
     mem_ax.set_xticks([])

@@ -1,0 +1,85 @@
+"""The ``estimate`` subcommand, and the model, device and layout flags it shares with ``plan``.
+
+    partrain-edu estimate --model llama3-405b --device h100-sxm --tp 8 --pp 16 --vpp 8 --dp 64 --zero 2 --global-batch 2048
+    partrain-edu estimate --layers 24 --hidden 2048 --heads 16 --vocab 50257 --seq 2048 --device a100 --dp 8 --json
+
+A model is a preset (``--model``, `model_spec.MODELS`, whose fields single flags may override: ``--seq 131072``) or
+its shape (``--layers --hidden --heads --vocab --seq`` and optionally ``--kv-heads --ffn --gated --untied
+--experts --top-k --moe-ffn``). Bad input raises ValueError with one line naming the flag (``cli.py`` exits 2).
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+from partrain_edu.theory.estimate import estimate
+from partrain_edu.theory.hardware import PRESETS, canonical
+from partrain_edu.theory.layout import SCHEDULES, Layout
+from partrain_edu.theory.model_spec import MODELS, RECOMPUTE, ModelSpec, model_named
+
+SHAPE = ("layers", "hidden", "heads", "vocab", "seq")
+EXTRA = ("kv_heads", "ffn", "experts", "top_k", "moe_ffn", "moe_layers")
+DEGREES = ("tp", "pp", "vpp", "dp", "cp", "ep")
+
+
+def add_model_flags(p: argparse.ArgumentParser, positive_int, device_default: str | None = "h100-sxm") -> None:
+    g = p.add_argument_group("model (a preset, or its shape)")
+    g.add_argument("--model", help=f"a preset: {', '.join(MODELS)}")
+    for name in SHAPE + EXTRA:
+        g.add_argument("--" + name.replace("_", "-"), type=positive_int)
+    g.add_argument("--gated", action="store_true", help="a gated (SwiGLU) MLP: three matrices")
+    g.add_argument("--untied", action="store_true", help="an output head apart from the input embedding")
+    p.add_argument("--device", default=device_default, help=f"a GPU preset: {', '.join(PRESETS)} (or a100, h100)")
+
+
+def add_layout_flags(p: argparse.ArgumentParser, positive_int, defaults: bool = True) -> None:
+    g = p.add_argument_group("layout")
+    for name in DEGREES:
+        g.add_argument("--" + name, type=positive_int, default=1 if defaults else None,
+                       help="parallel degree" + (" (default 1)" if defaults else ""))
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0 if defaults else None)
+    g.add_argument("--micro-batch", type=positive_int, default=1 if defaults else None, help="sequences per micro-batch")
+    g.add_argument("--recompute", choices=RECOMPUTE, default="none" if defaults else None)
+    g.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b; interleaved with --vpp)")
+
+
+def model_from(args: argparse.Namespace, required: bool = True) -> ModelSpec | None:
+    """The ModelSpec the flags describe; None when none is described and not `required`."""
+    given = {name: getattr(args, name) for name in SHAPE + EXTRA if getattr(args, name, None) is not None}
+    if args.model:
+        model = model_named(args.model)
+        flags = {"gated": True} if args.gated else {}
+        return replace(model, **given, **flags, **({"tied_embeddings": False} if args.untied else {}))
+    if not given and not args.gated and not args.untied and not required:
+        return None
+    missing = [f"--{n}" for n in SHAPE if n not in given]
+    if missing:
+        raise ValueError(f"give --model PRESET ({', '.join(MODELS)}), or the shape: missing {' '.join(missing)}")
+    return ModelSpec("custom", **given, gated=args.gated, tied_embeddings=not args.untied,
+                     learned_positions=not args.gated, bias=not args.gated, dropout=not args.gated)
+
+
+def layout_from(args: argparse.Namespace, global_batch: int | None) -> Layout:
+    kw = {name: getattr(args, name) for name in DEGREES + ("zero", "micro_batch", "recompute")
+          if getattr(args, name, None) is not None}
+    return Layout(**kw, global_batch=global_batch or 0, schedule=args.schedule or "",
+                  gpus_per_node=args.gpus_per_node)
+
+
+def run_estimate(args: argparse.Namespace) -> int:
+    from partrain_edu.theory.cli import _emit
+    model = model_from(args)
+    device = canonical(args.device)
+    return _emit(args, estimate(model, layout_from(args, args.global_batch).check(model), device))
+
+
+def add_estimate(subparsers, positive_int, json_flag) -> None:
+    p = subparsers.add_parser("estimate", help="one layout on real GPUs: memory, fit, step time, MFU",
+                              description="Memory per GPU, step time, throughput and MFU of one layout, from the "
+                                          "model calibrated on published runs (theory.calibration).")
+    add_model_flags(p, positive_int)
+    add_layout_flags(p, positive_int)
+    p.add_argument("--gpus-per-node", type=positive_int, default=8)
+    p.add_argument("--global-batch", type=positive_int, help="sequences per step (default dp × micro-batch)")
+    json_flag(p)
+    p.set_defaults(func=run_estimate)
