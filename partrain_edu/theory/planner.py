@@ -159,12 +159,20 @@ def network_gbps(interconnect: str, device: str) -> float:
     return NETWORK_GBPS.get(interconnect, 0.0)
 
 
-def _spreads(model: ModelSpec, gpus: int, gpus_per_node: int, global_batch: int, net: float):
-    """Every (tp, cp, pp, vpp, ep, dp, zero) of the GPUs, at most one replica per sequence of the batch."""
+STACK = ("flash_attention", "sequence_parallel", "grad_bytes", "overlap_dp", "network_gbps")
+
+
+def _spreads(model: ModelSpec, gpus: int, gpus_per_node: int, global_batch: int, net: float,
+             stack: Spread | None = None):
+    """Every (tp, cp, pp, vpp, ep, dp, zero) of the GPUs, at most one replica per sequence of the batch, with the
+    framework's features (`STACK`) of `stack` (default: flash attention, sequence parallel, fp32 gradients) and
+    its ZeRO stage only, when given."""
+    framework = {"network_gbps": net} | ({k: getattr(stack, k) for k in STACK} if stack else {})
     cps = [c for c in _powers_of_two(gpus) if c == 1 or (model.seq // c >= MIN_CP_POSITIONS and model.seq % (2 * c) == 0)]
     for tp in (t for t in _powers_of_two(min(gpus_per_node, gpus)) if model.heads % t == 0):
         for cp in (c for c in cps if tp * c <= gpus and (model.seq // c) % tp == 0):
-            for pp in (p for p in PIPELINE_DEGREES if p <= model.layers and gpus % (tp * cp * p) == 0):
+            degrees = sorted(set(PIPELINE_DEGREES) | {d for d in range(1, model.layers + 1) if model.layers % d == 0})
+            for pp in (p for p in degrees if p <= model.layers and gpus % (tp * cp * p) == 0):
                 dp = gpus // (tp * cp * pp)
                 if dp > global_batch:                     # a replica without a whole sequence would idle
                     continue
@@ -174,16 +182,20 @@ def _spreads(model: ModelSpec, gpus: int, gpus_per_node: int, global_batch: int,
                 vpps = [1] + [v for v in (2, 4, 8) if pp > 1 and pp * v <= model.layers + 2]
                 for ep in eps:
                     for vpp in vpps:
-                        for zero in ((0, 1, 2, 3) if pp == 1 else (0, 1, 2)):
+                        zeros = (stack.zero,) if stack else (0, 1, 2, 3) if pp == 1 else (0, 1, 2)
+                        for zero in (z for z in zeros if pp == 1 or z < 3):
                             yield Spread(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, zero=zero,
-                                         gpus_per_node=gpus_per_node, network_gbps=net)
+                                         gpus_per_node=gpus_per_node, **framework)
 
 
 def candidate_layouts(params: int | str | None, gpus: int, gpu_memory: int | str | None = None,
                       gpus_per_node: int = 8, interconnect: str = "infiniband", global_batch: int = GLOBAL_BATCH,
-                      seq: int = SEQ, *, model: ModelSpec | None = None, device: str | None = None) -> list[Layout]:
+                      seq: int = SEQ, *, model: ModelSpec | None = None, device: str | None = None,
+                      stack: Spread | None = None) -> list[Layout]:
     """Every layout of ``gpus`` GPUs that fits, each timed; per spread the fastest micro-batch and the least
-    recompute that fits it. ``model`` (a ModelSpec) replaces ``params`` (GPT-3's shape of that size)."""
+    recompute that fits it. ``model`` (a ModelSpec) replaces ``params`` (GPT-3's shape of that size); ``stack``
+    (a `theory.layout.Layout`: a published run's) lends its framework features (`STACK`), ZeRO stage and recompute,
+    so that only the degrees and the micro-batch are searched."""
     device = canonical(device or DEFAULT_DEVICE)
     if model is None:
         if params is None:
@@ -203,11 +215,12 @@ def candidate_layouts(params: int | str | None, gpus: int, gpu_memory: int | str
     capacity = memory or device_named(device).memory_bytes
     net = network_gbps(interconnect, device)
     layouts = []
-    for spread in _spreads(model, gpus, gpus_per_node, global_batch, net):
+    for spread in _spreads(model, gpus, gpus_per_node, global_batch, net, stack):
         for b in (b for b in MICRO_BATCHES if b <= math.ceil(global_batch / spread.dp)):
             m = math.ceil(global_batch / (spread.dp * b))
             sized = replace(spread, micro_batch=b, global_batch=spread.dp * b * m)
-            fitting = next((replace(sized, recompute=r) for r in RECOMPUTE
+            options = (stack.recompute,) if stack else RECOMPUTE
+            fitting = next((replace(sized, recompute=r) for r in options
                             if fullest_stage(model, replace(sized, recompute=r)).total <= capacity), None)
             if fitting is None:
                 break                                     # a bigger micro-batch needs more memory still
@@ -217,11 +230,13 @@ def candidate_layouts(params: int | str | None, gpus: int, gpu_memory: int | str
 
 def plan(params: int | str | None, gpus: int, gpu_memory: int | str | None = None, gpus_per_node: int = 8,
          interconnect: str = "infiniband", global_batch: int = GLOBAL_BATCH, seq: int = SEQ, *,
-         model: ModelSpec | None = None, device: str | None = None, given: Spread | None = None) -> Plan:
+         model: ModelSpec | None = None, device: str | None = None, given: Spread | None = None,
+         stack: Spread | None = None) -> Plan:
     """The ``plan`` subcommand: the simplest family within `SIMPLICITY_MARGIN` of the fastest layout; the three
-    fastest; and `given` (a `theory.layout.Layout` of the same GPUs) costed beside them."""
+    fastest; and `given` (a `theory.layout.Layout` of the same GPUs) costed beside them, as it is (its own
+    framework features); ``stack`` gives the search the same features."""
     layouts = candidate_layouts(params, gpus, gpu_memory, gpus_per_node, interconnect, global_batch, seq,
-                                model=model, device=device)
+                                model=model, device=device, stack=stack)
     model = model or assumed_model(parse_size(params) if isinstance(params, (str, float)) else params, seq)
     memory = parse_size(gpu_memory) if isinstance(gpu_memory, (str, float)) else gpu_memory
     capacity = memory or device_named(canonical(device or DEFAULT_DEVICE)).memory_bytes
@@ -244,8 +259,8 @@ def plan(params: int | str | None, gpus: int, gpu_memory: int | str | None = Non
         if given.gpus != gpus:
             raise ValueError(f"the given layout uses {given.gpus} GPUs (tp·pp·cp·dp), the plan {gpus}: "
                              "give degrees whose product is --gpus")
-        given = replace(given, gpus_per_node=gpus_per_node, network_gbps=network_gbps(
-            interconnect, canonical(device or DEFAULT_DEVICE)), global_batch=given.global_batch or global_batch)
+        given = replace(given, gpus_per_node=gpus_per_node, global_batch=given.global_batch or global_batch,
+                        network_gbps=given.network_gbps or network_gbps(interconnect, canonical(device or DEFAULT_DEVICE)))
         costed = Layout.of(estimate(model, given, canonical(device or DEFAULT_DEVICE), memory_bytes=capacity))
     reason = reason_for(chosen, best, fastest, model, gpus, gpus_per_node, capacity, global_batch)
     shape = Shape(model.layers, model.hidden, model.heads)
