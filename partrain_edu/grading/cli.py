@@ -9,7 +9,8 @@ of one notebook, its cells and checks together, in whole seconds (a fraction is 
 opened before any grading and gets each notebook's rows as soon as it is graded, so a bad path fails at once
 and an interrupted run keeps what it graded. `--json` prints {"notebooks": [{"path", "exercise", "score",
 "seconds", "checks": [{"name", "passed", "message"}], "error"?}], "isolation"} (docs/cli.md).
-Exit 0 when every check passed, 1 when any failed; bad input raises ValueError, which `partrain_edu/cli.py`
+Exit 0 when every check passed, 1 when any failed; bad input (a single file given that is not a gradable
+notebook included — in a folder such a file is one failed row) raises ValueError, which `partrain_edu/cli.py`
 turns into one line and exit 2 (argparse errors exit 2 the same way).
 """
 from __future__ import annotations
@@ -68,6 +69,21 @@ def _print_notebook(nb: dict) -> None:
     sys.stdout.flush()
 
 
+def _gradable(path: Path, exercise: str | None) -> None:
+    """One file given: what makes it ungradable is bad input (exit 2, one line), not a row scored 0."""
+    from partrain_edu.grading.manifest import EXERCISES
+    from partrain_edu.grading.notebook import NotANotebook, code_cells, exercise_of
+
+    try:
+        code_cells(path)
+    except NotANotebook as err:
+        reason = str(err).removeprefix("not a notebook: ")
+        raise ValueError(f"{path} is not a notebook that can be graded: {reason}") from None
+    if exercise is None and exercise_of(path) is None:
+        raise ValueError(f"cannot tell which exercise {path} is: name the file after one of "
+                         f"{', '.join(EXERCISES)} (or pass --exercise)")
+
+
 def run_check_command(args: argparse.Namespace) -> int:
     from partrain_edu.grading.grader import grade_notebook
     from partrain_edu.grading.manifest import EXERCISES
@@ -77,6 +93,8 @@ def run_check_command(args: argparse.Namespace) -> int:
     paths = notebooks_in(args.path)
     if args.exercise is not None and args.exercise not in EXERCISES:
         raise ValueError(f"unknown exercise {args.exercise!r}: pick one of {', '.join(EXERCISES)}")
+    if not Path(args.path).is_dir():
+        _gradable(paths[0], args.exercise)
     gradebook = Gradebook(args.csv) if args.csv else None
     notebooks = []
     try:
