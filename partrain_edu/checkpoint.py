@@ -198,15 +198,15 @@ class _MetadataOnly(pickle.Unpickler):
 
 def _metadata(folder: Path) -> Metadata:
     path = folder / ".metadata"
-    try:
-        with open(path, "rb") as f:
+    with files.open_regular(path, folder) as f:   # lstat first: a FIFO would block open(), a link leads away
+        try:
             metadata = _MetadataOnly(f).load()
-    except RefusedPickle:
-        raise
-    except Exception as error:   # truncated, foreign or garbled bytes fail in many ways, all meaning "damaged"
-        detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(f"cannot read {path} ({detail}): it is damaged or not a checkpoint; "
-                         f"{files.REPAIR_HINT}") from None
+        except RefusedPickle:
+            raise
+        except Exception as error:   # truncated, foreign or garbled bytes fail in many ways, all "damaged"
+            detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise ValueError(f"cannot read {path} ({detail}): it is damaged or not a checkpoint; "
+                             f"{files.REPAIR_HINT}") from None
     if not (isinstance(metadata, Metadata) and isinstance(metadata.storage_data, dict)):
         raise ValueError(f"{path} holds a {type(metadata).__name__}, not DCP metadata: it is not a checkpoint; "
                          f"{files.REPAIR_HINT}")

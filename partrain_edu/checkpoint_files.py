@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import uuid
 from pathlib import Path
 
@@ -33,6 +34,37 @@ _ASIDE = re.compile(r"\.step-([0-9]+)\.previous")
 REPAIR_HINT = "restore the folder from a copy, or write the name of an earlier step-K folder into LATEST"
 
 
+def kind_of(path: Path) -> str | None:
+    """What `lstat` says `path` is when it is not a plain regular file ("a symbolic link", "a FIFO", ...), or
+    None for a regular file: checked before a checkpoint file is opened (a FIFO would block `open`)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return "missing"
+    if stat.S_ISREG(mode):
+        return None
+    return next((what for test, what in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
+                                         (stat.S_ISDIR, "a folder"), (stat.S_ISSOCK, "a socket"))
+                 if test(mode)), "a device")
+
+
+def open_regular(path: Path, folder: Path):
+    """`path` opened for reading in binary, if it is a regular file and no link; else a one-line ValueError.
+    O_NOFOLLOW | O_NONBLOCK, then fstat: a file swapped in after the check can neither redirect nor block."""
+    kind = kind_of(path)
+    if kind is None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            kind = kind_of(path) or "unreadable"
+        else:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                return os.fdopen(fd, "rb")
+            os.close(fd)
+            kind = "not a regular file"
+    raise ValueError(f"checkpoint {folder} is damaged: {path.name} is {kind}, not a saved file; {REPAIR_HINT}")
+
+
 def _aside(root: Path, name: str) -> Path:
     return root / f".{name}.previous"
 
@@ -40,9 +72,9 @@ def _aside(root: Path, name: str) -> Path:
 def resolve(root: str | os.PathLike) -> tuple[Path, int]:
     """The folder LATEST names, and its step. Only a `step-K` inside `root`: never a path elsewhere."""
     root = Path(root)
-    if not (root / "LATEST").is_file():
+    if kind_of(root / "LATEST") == "missing":
         raise ValueError(f"no checkpoint in {root} (no LATEST file): save one first, or pass the right folder")
-    with open(root / "LATEST", "rb") as f:
+    with open_regular(root / "LATEST", root) as f:
         raw = f.read(200)                              # a name, not a file's worth of bytes
     try:
         name = raw.decode("utf-8").strip()
@@ -93,7 +125,7 @@ def checksums(folder: Path, names: list[str]) -> dict[str, dict]:
     """Size and SHA-256 of the named files of `folder` (each rank hashes the files it wrote)."""
     out = {}
     for name in names:
-        with open(folder / name, "rb") as f:
+        with open_regular(folder / name, folder) as f:
             out[name] = {"bytes": os.fstat(f.fileno()).st_size,
                          "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
     return out
@@ -136,13 +168,14 @@ def _sync_folder(folder: Path) -> None:
 
 def manifest(folder: Path) -> dict[str, dict]:
     """`checksums.json` of a committed folder: file name → {"bytes", "sha256"}."""
-    try:
-        entries = json.loads((folder / MANIFEST).read_text())
-    except FileNotFoundError:
+    if kind_of(folder / MANIFEST) == "missing":
         raise ValueError(f"checkpoint {folder} has no {MANIFEST}: it was not committed by this version's "
-                         f"checkpoint.save; {REPAIR_HINT}") from None
-    except (OSError, ValueError):   # unreadable, not UTF-8, not JSON
-        entries = None
+                         f"checkpoint.save; {REPAIR_HINT}")
+    with open_regular(folder / MANIFEST, folder) as f:   # a link or a FIFO: refused before it is read
+        try:
+            entries = json.loads(f.read(64 * 2**20))
+        except (OSError, ValueError):   # unreadable, not UTF-8, not JSON
+            entries = None
     if not (isinstance(entries, dict) and all(isinstance(e, dict) and {"bytes", "sha256"} <= set(e)
                                               for e in entries.values())):
         raise ValueError(f"checkpoint {folder}: {MANIFEST} is damaged; {REPAIR_HINT}")
@@ -156,14 +189,17 @@ def verify(folder: Path, entries: dict[str, dict], rank: int = 0, world: int = 1
     """Check this rank's share of the files (every world-th one); the first problem as one line, or None."""
     for name in sorted(entries)[rank::world]:
         path, want = folder / name, entries[name]
-        if path.is_symlink():
-            return f"checkpoint {folder} is damaged: {name} is a symbolic link, not a saved file; {REPAIR_HINT}"
-        if not path.is_file():
-            return f"checkpoint {folder} is damaged: {name} is missing; {REPAIR_HINT}"
-        size = path.stat().st_size
+        kind = kind_of(path)
+        if kind is not None:
+            return f"checkpoint {folder} is damaged: {name} is {kind}, not a saved file; {REPAIR_HINT}"
+        size = path.lstat().st_size
         if size != want["bytes"]:
             return (f"checkpoint {folder} is damaged: {name} has {size} bytes, {want['bytes']} were saved "
                     f"(truncated or overwritten); {REPAIR_HINT}")
-        if checksums(folder, [name])[name]["sha256"] != want["sha256"]:
+        try:
+            digest = checksums(folder, [name])[name]["sha256"]
+        except ValueError as problem:   # swapped for a link or a FIFO since the lstat
+            return str(problem)
+        if digest != want["sha256"]:
             return f"checkpoint {folder} is damaged: {name} does not match its SHA-256 in {MANIFEST}; {REPAIR_HINT}"
     return None
