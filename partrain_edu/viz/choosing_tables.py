@@ -1,8 +1,9 @@
 """Printed tables for notebook 08 (choosing a strategy): the planner beside the source notes' rules of thumb,
 and strategies timed on the emulated device with their model FLOPs utilisation (MFU).
 
-    from partrain_edu.viz.choosing_tables import layout_text, rules_vs_planner, mfu_table
+    from partrain_edu.viz.choosing_tables import family_table, layout_text, rules_vs_planner, mfu_table
     rules_vs_planner(notes_rules, [("1.3B", 8), ("13B", 64)])   # notes_rules(size, gpus) -> (by layers, by GPUs)
+    family_table("175B", 1024)                                   # the fastest layout of each family, and the pick
     mfu_table({"ddp": launch(TrainConfig(strategy="ddp", nproc=4, steps=3, device="emulated:h100"))})
 
 Everything printed comes from ``theory.planner.plan`` and from the reports of ``train.launch``; nothing here
@@ -12,13 +13,14 @@ from __future__ import annotations
 
 from typing import Callable
 
-from partrain_edu.theory.planner import GLOBAL_BATCH, Layout, assumed_shape, candidate_layouts, plan
+from partrain_edu.theory.planner import (FAMILIES, GLOBAL_BATCH, MIN_CP_POSITIONS, SEQ, SIMPLICITY_MARGIN, Layout,
+                                         assumed_shape, candidate_layouts, plan)
 from partrain_edu.units import parse_size
 
 
 def layout_text(lay: Layout) -> str:
-    """'fsdp dp=64 tp=1 pp=1 ZeRO-2': a layout in one column."""
-    return f"{lay.strategy} dp={lay.dp} tp={lay.tp} pp={lay.pp} ZeRO-{lay.zero}"
+    """'3d dp=32 tp=4 pp=8 vpp=8 ZeRO-2': a layout in one column (`Layout.text`: vpp, cp, ep when > 1)."""
+    return lay.text()
 
 
 def rules_vs_planner(notes_rules: Callable[[str, int], tuple[str, str]], cases: list[tuple[str, int]],
@@ -56,11 +58,33 @@ def fsdp_against_choice(size: str, gpus_list: list[int], gpu_memory: str = "80GB
     step time, beside the fastest FSDP layout that fits: its split of a GPU's sequences into micro-batches, the
     data-parallel traffic it could not hide, and its step time (the planner's estimates, in seconds)."""
     print(f"{'GPUs':>5}  {'planner':<31} {'seqs/replica':>12} {'step':>7} | {'best FSDP':>9}: "
-          f"{'micro-batch':>11} {'not hidden':>10} {'step':>7}")
+          f"{'micro-batch':>11} {'recompute':>9} {'not hidden':>10} {'step':>7}")
     for gpus in gpus_list:
         chosen = plan(size, gpus=gpus, gpu_memory=gpu_memory).layout
         fsdp = min((lay for lay in candidate_layouts(size, gpus, gpu_memory) if lay.strategy == "fsdp"),
                    key=lambda lay: (lay.step_time_s, lay.bytes_per_device))
         split = f"{fsdp.micro_batch} × {fsdp.microbatches}"
         print(f"{gpus:>5}  {layout_text(chosen):<31} {GLOBAL_BATCH // chosen.dp:>12} {chosen.step_time_s:>5.1f} s | "
-              f"{'':>9}  {split:>11} {fsdp.exposed_comm_s:>8.1f} s {fsdp.step_time_s:>5.1f} s")
+              f"{'':>9}  {split:>11} {fsdp.recompute:>9} {fsdp.exposed_dp_s:>8.1f} s {fsdp.step_time_s:>5.1f} s")
+
+
+def family_table(size: str, gpus: int, gpu_memory: str = "80GB", seq: int = SEQ) -> None:
+    """The fastest layout of each family (`planner.FAMILIES`, simplest first) with its step time against the
+    fastest layout of all and the communication left on its critical path; "←" marks the planner's pick, the
+    first family within `SIMPLICITY_MARGIN` of the fastest (the planner's estimates, in seconds)."""
+    layouts = candidate_layouts(size, gpus, gpu_memory, seq=seq)
+    fastest, chosen = min(lay.step_time_s for lay in layouts), plan(size, gpus, gpu_memory, seq=seq).layout
+    print(f"{size} on {gpus} GPUs; the planner takes the simplest family within {SIMPLICITY_MARGIN:.2f}× the fastest")
+    print(f"{'family':<8} {'its fastest layout':<34} {'micro-batch':>11} {'recompute':>9} {'step':>8} "
+          f"{'× fastest':>9} {'comm. exposed':>13}")
+    for name in FAMILIES:
+        mine = [lay for lay in layouts if lay.strategy == name]
+        if not mine:
+            print(f"{name:<8} " + (f"none searched: split in two, {seq} positions leave {seq // 2} per rank, "
+                                   f"under {MIN_CP_POSITIONS}" if name == "cp" and seq // 2 < MIN_CP_POSITIONS
+                                   else "no layout fits"))
+            continue
+        lay = min(mine, key=lambda lay: (lay.step_time_s, lay.bytes_per_device))
+        split = f"{lay.micro_batch} × {lay.microbatches}"
+        print(f"{name:<8} {lay.text():<34} {split:>11} {lay.recompute:>9} {lay.step_time_s:>6.2f} s "
+              f"{lay.step_time_s / fastest:>8.2f}× {lay.exposed_comm_s:>11.2f} s" + ("  ←" if lay == chosen else ""))

@@ -4,9 +4,10 @@ it chose, and what that layout sends per step over which link.
     from partrain_edu.viz import planner_widget
     planner_widget()         # 7.5B on 64 GPUs of 80 GB, 8 per node, InfiniBand between nodes
 
-Everything comes from ``partrain_edu.theory.planner.plan`` (the ``partrain-edu plan`` command): the source
-notes' decision order (DDP if the states fit one device, else FSDP/ZeRO-3, else TP inside a node + PP across
-nodes + DP outside), derived from the memory and traffic models rather than typed in. The memory bar is
+Everything comes from ``partrain_edu.theory.planner.plan`` (the ``partrain-edu plan`` command): every layout
+that fits, timed by the calibrated step-time model (``theory.estimate``), and the simplest family (DDP, FSDP,
+FSDP × TP, 3D, CP) within ``SIMPLICITY_MARGIN`` of the fastest: the source notes' decision order, derived
+rather than typed in. The memory bar is
 ``theory.layout_memory`` for the chosen layout's fullest GPU (buffers included); the traffic bars are
 ``step_traffic`` per parallel group, timed over the link that group spans (NVLink inside a node).
 """
@@ -134,12 +135,16 @@ def _data(fig: Figure, chosen: Plan, params: int, gpu_memory: int, gpus: int, gp
                                   f"{lay.exposed_comm_s:.3g} s", fontsize=10))
     shape = chosen.shape
     added.append(fig.suptitle(
-        f"{format_count(params)} on {gpus} GPUs → {STRATEGY_NAMES[lay.strategy]}: dp={lay.dp} tp={lay.tp} "
-        f"pp={lay.pp}{f' cp={lay.cp}' if lay.cp > 1 else ''} ZeRO-{lay.zero}; "
+        f"{format_count(params)} on {gpus} GPUs → {STRATEGY_NAMES[lay.strategy]}: {_degrees(lay)}; "
         f"micro-batch {lay.micro_batch} × {lay.microbatches}, recompute "
         f"{lay.recompute}\n(assumed shape: {shape.layers} layers × hidden {shape.hidden}, {shape.heads} heads, "
         f"seq {chosen.seq})", fontsize=10.5))
     return added
+
+
+def _degrees(lay) -> str:
+    """'dp=32 tp=4 pp=8 vpp=8 ZeRO-2': the layout's degrees (`Layout.text` without the family)."""
+    return lay.text().split(" ", 1)[1]
 
 
 def _drawer():
@@ -152,8 +157,8 @@ def _drawer():
                                  lambda fig: _data(fig, chosen, params, memory, v["gpus"], v["gpus_per_node"],
                                                    v["interconnect"]))
         lay = chosen.layout
-        return fig, (f"Recommendation: <b>{STRATEGY_NAMES[lay.strategy]}</b> (dp={lay.dp}, tp={lay.tp}, "
-                     f"pp={lay.pp}, ZeRO-{lay.zero}). Why: {chosen.reason}"), png
+        return fig, (f"Recommendation: <b>{STRATEGY_NAMES[lay.strategy]}</b> ({_degrees(lay)}). "
+                     f"Why: {chosen.reason}"), png
     return draw
 
 
