@@ -40,7 +40,11 @@ def reason_for(chosen, best: dict, fastest: float, model, gpus: int, gpus_per_no
     if family == "ddp":
         where = ("one GPU trains it alone" if gpus == 1 else f"plain data parallel (DDP) over {gpus} GPUs"
                  + (" with ZeRO-1" if chosen.zero == 1 else ""))
-        return f"{states}, which fit one {format_bytes(capacity)} GPU with the activations, so {where}: it {needs}{speed}."
+        if 16 * params < capacity:
+            return (f"{states}, which fit one {format_bytes(capacity)} GPU with the activations, so {where}: "
+                    f"it {needs}{speed}.")
+        return (f"{states}; with Adam's 12 bytes per parameter sharded over the {chosen.dp} GPUs (ZeRO-1) the rest "
+                f"fits one {format_bytes(capacity)} GPU, so {where}: it {needs}{speed}.")
     if family == "fsdp":
         mode = "FULL_SHARD" if chosen.zero == 3 else "SHARD_GRAD_OP"
         return (f"{states}; {why_not}, but sharded with ZeRO-{chosen.zero} over {chosen.dp} GPUs (FSDP {mode}) "

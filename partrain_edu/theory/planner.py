@@ -1,6 +1,6 @@
 """Which layout for this model on these GPUs? Every layout that fits, priced by the calibrated model; the simplest good one.
 
-    partrain-edu plan --params 13B --gpus 64 --gpu-memory 80GB --json     # → fsdp, ZeRO-3 over 64
+    partrain-edu plan --params 13B --gpus 8 --gpu-memory 80GB --json      # → fsdp, ZeRO-3 over 8
     partrain-edu plan --model llama3-405b --device h100-sxm --gpus 16384 --global-batch 2048
 
 The source notes' decision order (DDP while the states fit one device, then FSDP/ZeRO-3, then TP inside a node +
