@@ -1,7 +1,10 @@
 """The emulated device turns a 2-core laptop's seconds into a cluster's: measured on its clock, the pipeline
 bubbles, a straggler's cost, DDP's overlap and the network's price equal what the formulas and the simulator
 say (one 4-rank launch, tests/ranks/emulated.py). The clock does not depend on the machine's load: the
-tolerances are the issue's (±0.03, ±10 %, ±15 %), and the results land far inside them.
+tolerances are the issue's (±0.03, ±10 %, ±15 %), and the results land far inside them. tp, cp and fsdp-tp
+(`train.launch`, one step each) take the calibrated model's seconds: its layer compute, its tp and cp terms
+(`step_time.layer_times`) and their collectives at `link_cost`, each ±0.1 % (what the predictions leave out
+is named in each test: tens of microseconds of a step of about 0.4–0.8 s).
 """
 from pathlib import Path
 
@@ -9,9 +12,15 @@ import pytest
 
 from partrain_edu import emulated
 from partrain_edu.launch import torchrun
-from partrain_edu.theory.hardware import DEVICES, GPT_1_3B, layer_forward_flops, layer_seconds
+from partrain_edu.config import TrainConfig
+from partrain_edu.theory.calibration import terms
+from partrain_edu.theory.hardware import DEVICES, GPT_1_3B, device_named, layer_forward_flops, layer_seconds
+from partrain_edu.theory.layout import Layout
+from partrain_edu.theory.model_spec import MODELS
+from partrain_edu.theory.step_time import layer_forward_seconds, layer_times, link_cost
 from partrain_edu.theory.traffic import (bucketed_backward_end, collective_time, fit_alpha_beta, link_time,
                                          ring_steps)
+from partrain_edu.train import launch
 
 RANKS = Path(__file__).parent / "ranks" / "emulated.py"
 
@@ -70,6 +79,9 @@ def test_bad_specs_are_one_line_errors():
     em = emulated.parse("emulated:h100,node=2,net=1gbe,scale=40,slow=3:1.5", rank=3)
     assert (em.node, em.net, em.scale, em.compute_factor) == (2, "1gbe", 40.0, 1.5)
     assert em.link_of((0, 1))[0] == "nvlink" and em.link_of((1, 2))[0] == "1gbe"
+    # the calibrated model's links: NVLink inside a node, the NIC across, β at the fitted efficiency
+    assert em.link_of((0, 1))[1:] == link_cost("h100-sxm", inside_node=True)
+    assert emulated.parse("emulated:h100,node=2").link_of((1, 2))[1:] == link_cost("h100-sxm", inside_node=False)
 
 
 def test_the_latency_term():
@@ -108,3 +120,49 @@ def test_a_torchrun_cell_picks_its_device_from_the_magic_line():
     assert ns["device"] == "H100 SXM 80GB"
     with pytest.raises(MagicUsageError, match="unknown device 'tpu'"):
         run_cell_magic("-n 2 --device emulated:tpu", cell, ns)
+
+
+# -- tp, cp and fsdp-tp: GPT-3 XL's seconds from the calibrated model (global batch 16, one micro-batch) --------
+XL, A100 = MODELS["gpt-1.3b"], "a100-80gb"
+NVLINK = dict(zip(("alpha", "beta"), link_cost(A100, inside_node=True)))
+
+
+def emulated_step(strategy: str, nproc: int, **sizes) -> float:
+    cfg = TrainConfig(strategy=strategy, nproc=nproc, steps=1, device="emulated:a100,scale=0.05", **sizes)
+    return launch(cfg, on_step=lambda step, loss: None, timeout=240)["step_time_s"]
+
+
+def layers(samples: int, tp: int = 1, cp: int = 1) -> float:
+    """24 layers' forward + backward (3×) and their tp and cp communication, as `step_time` prices them."""
+    terms_ = layer_times(XL, Layout(tp=tp, cp=cp, micro_batch=samples), device_named(A100), terms(A100))
+    forward = layer_forward_seconds(XL, A100, samples, tp=tp, cp=cp)
+    assert forward == terms_["forward"]
+    return XL.layers * (3 * forward + terms_["tp"] + terms_["cp"])
+
+
+def activations_all_reduce(samples: int, tp: int) -> float:
+    """The embedding's g (forward) or the head's f (backward): one b·s·h bf16 all-reduce, outside the layers."""
+    return collective_time("all_reduce", 2 * samples * XL.seq * XL.hidden, tp, **NVLINK)
+
+
+def test_tp_takes_the_calibrated_layers_and_their_all_reduces():
+    # left out: the vocab-parallel loss's 3 all-reduces of b·s values (≈ 40 µs)
+    predicted = layers(16, tp=2) + 2 * activations_all_reduce(16, 2)
+    assert emulated_step("tp", 2, tp=2) == pytest.approx(predicted, rel=1e-3)
+
+
+def test_cp_takes_the_calibrated_layers_their_kv_ring_and_the_gradient_all_reduce():
+    # the ring passes K, V forward, K, V and dK, dV backward: all-gather, all-gather, reduce-scatter's bytes;
+    # DDP's one bucket (TinyGPT's gradients, as GPT-3 XL's bf16 ones) leaves after backward
+    predicted = layers(16, cp=2) + collective_time("all_reduce", 2 * XL.params(), 2, **NVLINK)
+    assert emulated_step("cp", 2, cp=2) == pytest.approx(predicted, rel=1e-3)
+
+
+def test_fsdp_tp_adds_each_slices_gathers_and_reduce_scatter_to_tp():
+    # dp 2 × tp 2 (4 ranks: the smallest 2D layout); our FSDP without prefetch: every collective exposed.
+    # Left out: the loss's all-reduces and the α of 5 units' collectives instead of 3 whole ones (≈ 80 µs)
+    slice_bytes = 2 * XL.params() / 2
+    fsdp = (2 * collective_time("all_gather", slice_bytes, 2, **NVLINK)
+            + collective_time("reduce_scatter", slice_bytes, 2, **NVLINK))
+    predicted = layers(8, tp=2) + 2 * activations_all_reduce(8, 2) + fsdp
+    assert emulated_step("fsdp-tp", 4, dp=2, tp=2) == pytest.approx(predicted, rel=1e-3)

@@ -7,6 +7,9 @@ import time
 import pytest
 
 from partrain_edu.models import TinyGPT
+from partrain_edu.theory.hardware import DEVICES, GPT_1_3B, layer_seconds
+from partrain_edu.theory.model_spec import MODELS
+from partrain_edu.theory.step_time import layer_forward_seconds
 
 FP32 = 4
 
@@ -105,10 +108,14 @@ def test_a_pipeline_on_the_emulated_device_reports_its_bubble_beside_the_formula
     assert abs(bubble["measured"] - bubble["formula"]) < 0.03       # messages cost a little on top
     assert report["emulated"]["dominance"] >= 10
     assert max(abs(a - b) for a, b in zip(report["losses"], single["losses"])) < 1e-5   # time shaped, not math
-    # (m + p − 1) · 3 · a stage of 24/4 GPT-3 XL layers over 2 sequences on an A100: the emulated step time
-    assert report["step_time_s"] == pytest.approx(11 * 3 * 6 * 2 * 7.71e-4, rel=0.08)
-    # MFU: the device computes at peak, so what a pipeline loses is its bubble
-    assert report["emulated"]["mfu"] == pytest.approx(1 - bubble["measured"], rel=0.05)
+    # (m + p − 1) · 3 · a stage of 24/4 GPT-3 XL layers over 2 sequences on an A100, at the calibrated model's
+    # seconds per layer: the emulated step time (the rest: the boundary activations' sends)
+    layer = layer_forward_seconds(MODELS["gpt-1.3b"], "a100", 2)
+    assert report["step_time_s"] == pytest.approx(11 * 3 * 6 * layer, rel=0.08)
+    # MFU: the layers reach a fraction of peak (their FLOPs at peak / their calibrated seconds), and a pipeline
+    # loses its bubble on top
+    at_peak = layer_seconds(GPT_1_3B, 2, DEVICES["a100"]) / layer
+    assert report["emulated"]["mfu"] == pytest.approx(at_peak * (1 - bubble["measured"]), rel=0.05)
 
 
 def test_a_strategy_the_emulator_cannot_time_is_refused_before_it_starts():

@@ -1,16 +1,16 @@
 """An emulated accelerator and links: seconds on a laptop shaped like a GPU cluster's — a lens for time.
 
     ctx = runtime.init(device="emulated:a100")            # or "emulated:h100,node=2,net=1gbe,scale=40,slow=3:1.5"
-    ctx.emulator.charge(block, seconds=layer_seconds(GPT_1_3B, samples, DEVICES["a100"]))   # per forward
+    ctx.emulator.charge(block, seconds=layer_forward_seconds(MODELS["gpt-1.3b"], "a100", samples))  # per forward
 
-Each rank keeps an **emulated clock** (`now()`, perf_counter-based, the same origin on every rank). It advances
-only by what the emulated device would spend: a charged module's forward `seconds` and backward twice that
-(compute.py), and every torch.distributed call's steps·α + bytes/β over NVLink inside a node of `node` ranks or
-`net` between nodes (links.py: messages carry their arrival time, collectives end when the last rank arrived
-plus their cost, one communication stream per rank, so overlap comes out of the real program). The real
-arithmetic still runs — losses stay exact — and a rank *waits* (sleeps, never spins) as long as its clock
-advanced since the last collective, so 8 ranks on 2 cores keep the emulated rhythm; when the machine is slower,
-the clock is unaffected: timelines read from it do not depend on load. Work that is not charged costs nothing.
+Each rank keeps an **emulated clock** (`now()`, the same origin on every rank). It advances only by what the
+device would spend: a charged module's forward `seconds`, its backward twice that (compute.py), and every
+torch.distributed call's k·(steps·α + bytes·scale/β) on the slowest link among its ranks (links.py), with
+(α, β) = `theory.step_time.link_cost` — NVLink inside a node of `node` ranks, the NIC (or `net`) across, β at
+the fitted link efficiency. `bytes_scale` (or a `traffic` rule for a group) turns real bytes into the named
+model's; a rule's k > 1 applies inside a charged module (one real message stands for k layers'). One
+communication stream per rank; the real arithmetic still runs (losses stay exact) and a rank sleeps as long as
+its clock advanced, so 8 ranks on 2 cores keep the emulated rhythm and timelines do not depend on load.
 `scale`: wall seconds per emulated second; `slow=R:F` makes rank R's compute F× slower (a straggler).
 """
 from __future__ import annotations
@@ -19,7 +19,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from partrain_edu.theory.hardware import Device, device_named
+from partrain_edu.theory.hardware import PRESETS, Device, canonical, device_named
+from partrain_edu.theory.step_time import link_cost
 from partrain_edu.theory.traffic import LATENCY, LINKS, collective_time
 
 PREFIX = "emulated:"
@@ -35,7 +36,12 @@ class Emulator:
     node: int = 8                      # ranks per emulated node
     net: str = "infiniband"            # the link between nodes
     slow: dict[int, float] = field(default_factory=dict)
+    preset: str = ""                   # the device's `hardware.PRESETS` key ("" → looked up from `device`)
     bytes_scale: float = 1.0           # bytes charged per real byte sent (the named shape's messages)
+    # (kind "p2p" | "collective", the group's ranks) → (bytes per real byte, messages per real message inside a
+    # charged module): a group whose messages are not the default's (tensor parallelism's activations)
+    traffic: dict[tuple[str, tuple[int, ...]], tuple[float, float]] = field(default_factory=dict)
+    inside: int = 0                    # charged modules whose forward or backward is running now (compute.py)
     clock: float = 0.0                 # this rank's emulated time, in perf_counter seconds (see links.install)
     stream_free: float = 0.0           # when this rank's communication stream is next idle
     charged_s: float = 0.0             # clock seconds spent in charged compute
@@ -72,12 +78,25 @@ class Emulator:
         self.charged_s += cost
         self.advance_to(self.clock + cost)
 
+    @property
+    def name(self) -> str:
+        """The preset key the calibrated model knows this device by ("a100-80gb")."""
+        return self.preset or next(k for k, d in PRESETS.items() if d == self.device)
+
     def link_of(self, ranks) -> tuple[str, float, float]:
-        """(name, α, β) of the slowest link among `ranks`: a ring is as fast as its slowest hop."""
+        """(name, α, β) of the slowest link among `ranks` (a ring is as fast as its slowest hop), from the
+        calibrated model (`link_cost`); Ethernet keeps its `traffic.LINKS` β at the same fitted efficiency."""
         if len({r // self.node for r in ranks}) <= 1:
-            return "nvlink", LATENCY["nvlink"], self.device.nvlink
-        beta = self.device.nic if self.net == "infiniband" else LINKS[self.net]
-        return self.net, LATENCY[self.net], beta
+            return ("nvlink", *link_cost(self.name, inside_node=True))
+        alpha, beta = link_cost(self.name, inside_node=False)
+        if self.net == "infiniband":
+            return self.net, alpha, beta
+        return self.net, LATENCY[self.net], LINKS[self.net] * beta / self.device.nic
+
+    def scale_of(self, kind: str, ranks) -> tuple[float, float]:
+        """(bytes per real byte, messages per real message) of a `kind` message on the group of `ranks` now."""
+        per_byte, per_layer = self.traffic.get((kind, tuple(ranks)), (self.bytes_scale, 1.0))
+        return per_byte, per_layer if self.inside else 1.0
 
     def collective_seconds(self, op: str, nbytes: int, ranks) -> float:
         """The α–β model's seconds for `op` of `nbytes` over `ranks`, on their slowest link (no bytes_scale)."""
@@ -102,7 +121,7 @@ def parse(spec: str, rank: int = 0) -> Emulator:
     if not isinstance(spec, str) or not spec.startswith(PREFIX):
         raise ValueError(f"device must be 'cpu' or '{PREFIX}<name>' (e.g. {PREFIX}a100), got {spec!r}")
     name, *options = spec[len(PREFIX):].split(",")
-    emulator = Emulator(device_named(name), rank=rank)
+    emulator = Emulator(device_named(name), rank=rank, preset=canonical(name))
     for option in options:
         key, _, value = option.partition("=")
         try:

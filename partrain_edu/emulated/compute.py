@@ -8,6 +8,7 @@ wall time recorded (`report()["dominance"]`: charged / real, which should stay �
 makes whatever the work triggers — a gradient hook that issues a bucket's all-reduce — happen at the emulated
 end of the work. Backward costs twice the forward (two matrix products per forward one: the gradients of the
 input and of the weight; Narayanan et al. 2021, §5.1). Charged modules must not nest (time counted twice).
+While a window is open `emulator.inside` counts it: a traffic rule may price the module's messages as k layers'.
 """
 from __future__ import annotations
 
@@ -38,10 +39,12 @@ def charge(emulator, module: nn.Module, seconds: float) -> Handles:
 
     def open_window(cost):
         emulator.compute(cost)
+        emulator.inside += 1                       # messages from here on are this module's (links.py)
         opened.append(time.perf_counter())
 
     def close_window():
         if opened:
+            emulator.inside -= 1
             emulator.real_s += time.perf_counter() - opened.pop()
 
     return Handles([

@@ -1,8 +1,10 @@
 """Emulated links: every torch.distributed call costs steps·α + bytes/β on the rank's emulated clock.
 
-Cost: CommTracer's ring-model bytes this rank sends (comm.py) × `bytes_scale`, over β of the slowest link among
-the ranks involved, plus α per ring step (2(n−1) for an all-reduce, n−1 for the others, 1 for a send). Each
-rank has one communication stream, in issue order, as NCCL's. Timing travels beside the data on a side group:
+Cost: k·(α per ring step + CommTracer's ring-model bytes this rank sends (comm.py) × the byte scale / β), on
+the slowest link among the ranks involved, (α, β) from `Emulator.link_of` (the calibrated `link_cost`); ring
+steps: 2(n−1) for an all-reduce, n−1 for the others, 1 for a send; the byte scale and k from
+`Emulator.scale_of` (k = 1 unless a traffic rule says one message stands for k layers'). Each rank has one
+communication stream, in issue order, as NCCL's. Timing travels beside the data on a side group:
 - a collective starts when the last rank has issued it (an all-reduce MAX of the issue times) and the stream is
   free; a blocking one moves the clock to its end, an async one's `wait()` does — so a bucket all-reduced during
   backward overlaps the rest of backward, as in DDP;
@@ -48,7 +50,8 @@ def cost_of(emulator, name: str, arguments: dict, group) -> float:
     payload, sent, received, peer = comm._COSTS[name](arguments, group)
     ranks = (group.rank, peer) if name in SENDS else group.ranks
     _, alpha, beta = emulator.link_of(ranks)
-    return (_steps(name, group.n) * alpha + sent * emulator.bytes_scale / beta) * emulator.scale
+    per_byte, messages = emulator.scale_of("p2p" if name in SENDS + RECEIVES else "collective", group.ranks)
+    return messages * (_steps(name, group.n) * alpha + sent * per_byte / beta) * emulator.scale
 
 
 def _occupy(emulator, ready: float, cost: float) -> float:
