@@ -1,12 +1,10 @@
 """What the formulas say: pure Python, no torch, instant (so widgets redraw as a slider moves).
 
-- ``memory``     bytes per device for parameters, gradients, optimizer states, activations
-                 (ZeRO, Rajbhandari et al. 2020; Megatron-LM, Narayanan et al. 2021; Korthikanti et al. 2022)
+- ``memory``     bytes per device: parameters, gradients, optimizer states, activations (ZeRO; Korthikanti 2022)
 - ``traffic``    bytes each rank sends per training step, per collective (ring cost model)
 - ``schedules``  pipeline schedules as per-stage action lists, and a simulator (GPipe, 1F1B, interleaved, ZB-H1)
 - ``model_spec`` a transformer's shape (GQA, SwiGLU, MoE, untied): parameters, FLOPs per token; presets
-- ``hardware``   GPU presets with their datasheet sources; ``calibration`` what each achieves, fitted on
-                 ``published_runs`` (a table of published training runs, ``published_runs.csv``)
+- ``hardware``   GPU presets with sources; ``calibration`` what each achieves, fitted on ``published_runs``
 - ``layout``     how a step is spread (tp, pp, vpp, dp, cp, ep, ZeRO, batch, recompute); ``layout_memory`` its
                  fullest GPU's bytes; ``step_time`` its seconds; ``estimate`` both, with MFU (``estimate``)
 - ``planner``    which layout for this model on these GPUs: every layout that fits, priced by ``estimate``
@@ -14,8 +12,7 @@
 - ``efficiency`` FLOPs per token, MFU/HFU, arithmetic intensity and the roofline, comm/compute per dimension
 - ``moe``        mixture-of-experts capacity, dropped tokens, the load-balancing loss, all-to-all bytes
 
-Each is also a ``partrain-edu`` subcommand (``theory/cli.py``); bad input raises ValueError with one line
-that names the fix.
+Each is also a ``partrain-edu`` subcommand (``theory/cli.py``); bad input raises a one-line ValueError.
 """
 
 from partrain_edu.theory.memory import MemoryEstimate, estimate_memory, gpt_param_count
