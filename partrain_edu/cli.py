@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import time
 
 from partrain_edu.config import add_train_arguments, config_from_args
 from partrain_edu.grading.cli import add_subcommands as add_grading_subcommands
@@ -24,18 +26,38 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def _timeout(text: str) -> float | None:
+    """--timeout as seconds (None: `none`), as `launch.check_timeout` reads it, without importing it."""
+    if text.lower() == "none":
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise ValueError(f"--timeout must be a positive, finite number of seconds, not {text!r} (none for no limit)")
+    return seconds
+
+
 def cmd_train(args: argparse.Namespace) -> int:
+    from partrain_edu.train_checks import check_train_arguments, light_model
+
+    timeout = _timeout(args.timeout)
+    check_train_arguments(config_from_args(args, model=light_model()))  # the same refusals, before torch
+
     from tqdm import tqdm
 
     from partrain_edu import train  # imports torch: only the train command pays for it
-    from partrain_edu.launch import TorchrunError, check_timeout
+    from partrain_edu.launch import TorchrunError
     from partrain_edu.strategies import get_strategy
     from partrain_edu.strategies.emulation import check as check_emulation
 
-    timeout = None if args.timeout.lower() == "none" else check_timeout(args.timeout, "--timeout", none="none")
     cfg = config_from_args(args)
-    get_strategy(cfg.strategy).layout(cfg)  # bad sizes fail before a progress bar appears
+    get_strategy(cfg.strategy).layout(cfg)  # the authority, in the same words: bad sizes fail before a bar
     check_emulation(cfg)
+    given = timeout
+    if timeout is not None:   # the limit counts from the command's start, not from the start of training
+        timeout = max(0.1, timeout - (time.monotonic() - args.started))
     bar = tqdm(total=cfg.steps, desc=cfg.strategy, unit="step", file=sys.stderr, disable=args.json)
 
     def progress(step: int, loss: float) -> None:
@@ -50,7 +72,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         report = train.launch(cfg, on_step=progress, echo=echo, timeout=timeout)
     except TorchrunError as error:
         bar.close()
-        print(f"partrain-edu train: {error}", file=sys.stderr)
+        text = str(error)
+        if given is not None and text.startswith(f"timed out after {timeout:g} s"):   # say the limit given
+            text = f"timed out after {given:g} s" + text[len(f"timed out after {timeout:g} s"):]
+        print(f"partrain-edu train: {text}", file=sys.stderr)
         return 1
     bar.close()
     if args.json:
@@ -78,8 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p_train = sub.add_parser("train", help="train TinyGPT for real with a parallel strategy")
     add_train_arguments(p_train)
-    p_train.add_argument("--timeout", default="600", help="seconds before every rank is killed (default 600; "
-                         "'none': no limit)")
+    p_train.add_argument("--timeout", default="600", help="seconds from the command's start before every rank "
+                         "is killed (default 600; 'none': no limit)")
     p_train.add_argument("--json", action="store_true", help="print one JSON object")
     p_train.set_defaults(func=cmd_train)
     add_theory_subcommands(sub)   # memory, traffic, pipeline, plan
@@ -88,8 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()   # `train --timeout` counts from here, the command's start
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.started = started
     try:
         return args.func(args)
     except ValueError as error:  # bad sizes and combinations: the message names the fix

@@ -94,8 +94,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(_flag(f), type=_value_type(f), default=f.default, help=f.metadata.get("help"))
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    return TrainConfig(**{f.name: getattr(args, f.name) for f in _flag_fields()})
+def config_from_args(args: argparse.Namespace, **overrides) -> TrainConfig:
+    """The TrainConfig of parsed flags; `model=` replaces the default model (train_checks: one without torch)."""
+    return TrainConfig(**{f.name: getattr(args, f.name) for f in _flag_fields()}, **overrides)
 
 
 def to_argv(cfg: TrainConfig) -> list[str]:

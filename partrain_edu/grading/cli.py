@@ -85,17 +85,18 @@ def _gradable(path: Path, exercise: str | None) -> None:
 
 
 def run_check_command(args: argparse.Namespace) -> int:
-    from partrain_edu.grading.grader import grade_notebook
     from partrain_edu.grading.manifest import EXERCISES
     from partrain_edu.grading.notebook import exercise_of, notebooks_in
-    from partrain_edu.grading.sandbox import isolation_for
 
-    paths = notebooks_in(args.path)
+    paths = notebooks_in(args.path)   # every argument is checked before the grader (torch) is imported
     if args.exercise is not None and args.exercise not in EXERCISES:
         raise ValueError(f"unknown exercise {args.exercise!r}: pick one of {', '.join(EXERCISES)}")
     if not Path(args.path).is_dir():
         _gradable(paths[0], args.exercise)
     gradebook = Gradebook(args.csv) if args.csv else None
+    from partrain_edu.grading.grader import grade_notebook
+    from partrain_edu.grading.sandbox import isolation_for
+
     notebooks = []
     try:
         folder = Path(args.path) if Path(args.path).is_dir() else Path(args.path).parent
