@@ -7,8 +7,9 @@ places apply it:
 - `refusal(source)`: the AST of a graded function's source (or of a notebook's code cell) — an import of any
   other `partrain_edu` name, `__import__`/`importlib`, or a string naming the package is refused;
 - `refusal_of(fn)`: also the globals a live function reads (a name imported in another cell).
-Each returns one line for the learner — what was used, where, and what is allowed — or None. This stops
-the honest shortcut; code written to dodge it (getattr chains on torch) could still be graded.
+Each returns one line for the learner — what was used, where, and what is allowed — or None. This is the
+first, friendly refusal of the honest shortcut; code written to dodge it (a computed name) finds, in the
+grader's sandbox, no answer to import: the package's view there (view.py) holds only the helpers above.
 """
 from __future__ import annotations
 

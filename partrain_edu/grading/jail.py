@@ -9,6 +9,8 @@ repository with solutions/ and .git, and the world-writable /tmp, /var/tmp, /dev
 submissions cannot leave files for each other); the folders in `readonly` (Python, the venv, the package)
 and `writable` (this run's private folder) are then mounted back where they were, the first ones read-only,
 so a submission can neither change the grader nor read what it must not, whatever the file permissions say.
+Last, each package folder in `cover` is covered read-only by the view of grading/view.py: the course's answers
+are in no file, module or cache the sandbox can reach, under any spelling of the import.
 
 Staying PID 1 (instead of exec'ing the command) is what makes "kill everything it started" exact: when this
 process dies — the command exited, or the grader killed `unshare`, whose --kill-child kills us — the kernel
@@ -38,10 +40,11 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
         raise OSError(errno, f"mount {source} on {target}: {os.strerror(errno)}")
 
 
-def prepare_view(hide: list[str], readonly: list[str], writable: list[str]) -> None:
+def prepare_view(hide: list[str], readonly: list[str], writable: list[str], cover: list | None = None) -> None:
     # Hold what must stay visible by file descriptor first: once a folder above it is covered, its path is
     # gone, but /proc/self/fd/N still names it, and binding that puts it back.
     kept = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY), path in readonly) for path in [*readonly, *writable]]
+    covers = [(os.open(src, os.O_PATH), dst) for src, dst in cover or ()]   # folders, and a few files
     covered: list[str] = []
     for path in sorted(hide, key=len):
         if any(path == c or path.startswith(c.rstrip("/") + "/") for c in covered) or not os.path.isdir(path):
@@ -53,6 +56,10 @@ def prepare_view(hide: list[str], readonly: list[str], writable: list[str]) -> N
         mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
         if read_only:
             mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        os.close(fd)
+    for fd, path in covers:   # then the course's answers are covered by the view (view.py), read-only
+        mount(f"/proc/self/fd/{fd}", path, None, MS_BIND)
+        mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
         os.close(fd)
 
 
@@ -91,7 +98,7 @@ def main() -> None:
     with open(sys.argv[1]) as f:
         spec = json.load(f)
     try:
-        prepare_view(spec["hide"], spec["readonly"], spec["writable"])
+        prepare_view(spec["hide"], spec["readonly"], spec["writable"], spec.get("cover"))
         loopback_up()
     except OSError as exc:
         print(f"jail: {exc}", file=sys.stderr)

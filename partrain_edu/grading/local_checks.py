@@ -6,15 +6,16 @@ Each returns a list of problems (empty = pass). References come from `partrain_e
 from __future__ import annotations
 
 from partrain_edu.grading.core import register
-from partrain_edu.theory.memory import model_state_bytes as reference_state_bytes
-from partrain_edu.theory.schedules import Action, Schedule, build_schedule, simulate
+from partrain_edu.theory.schedules import Action, Schedule, simulate   # the sandbox's view has these three
 
 MEMORY_CASES = [(7_500_000_000, 1, 0), (7_500_000_000, 64, 1), (7_500_000_000, 64, 2), (7_500_000_000, 64, 3),
                 (1_000_000, 8, 1), (1_000_001, 8, 3), (350_000_000, 4, 2)]
 
 
 def reference_total(params: int, dp: int, zero: int) -> int:
-    return sum(reference_state_bytes(params, dp=dp, zero=zero))
+    from partrain_edu.theory.memory import model_state_bytes   # the reference: in the grader only
+
+    return sum(model_state_bytes(params, dp=dp, zero=zero))
 
 
 @register("model_state_bytes", summary="bytes per device match the ZeRO paper (2Ψ + 2Ψ + 12Ψ, each term "
@@ -95,6 +96,8 @@ def one_f_one_b_check(one_f_one_b) -> list[str]:
         except ValueError as exc:
             return [f"{where}: your schedule cannot run: {exc}. Hint: a B needs its own F first, and stage s "
                     "cannot run F(i) before stage s−1 did"]
+        from partrain_edu.theory.schedules import build_schedule   # the reference: in the grader only
+
         want = build_schedule("1f1b", p, m)
         reference = simulate(want)
         for s in range(p):

@@ -34,7 +34,8 @@ import partrain_edu
 package, submission = sys.argv[1:3]
 print(json.dumps({"uid": os.getuid(), "package_writable": os.access(package, os.W_OK)
                   or os.access(os.path.join(package, "__init__.py"), os.W_OK),
-                  "submission_visible": os.path.exists(submission)}))
+                  "submission_visible": os.path.exists(submission),
+                  "reference_visible": os.path.exists(os.path.join(package, "theory", "grid.py"))}))
 """
 
 
@@ -47,6 +48,7 @@ class Isolation:
     readonly: tuple[str, ...]   # mounted back read-only: what a submission needs to run
     summary: str                # what was achieved, in words
     unshare: str = "unshare"
+    cover: tuple[tuple[str, str], ...] = ()   # (view folder, package folder it covers): view.py
 
     @contextlib.contextmanager
     def folder(self) -> Iterator[Path]:
@@ -78,7 +80,8 @@ class Isolation:
         spec = work.parent / "jail.json"  # root's, 0600: read by the jail before it drops to the sandbox user
         with open(os.open(spec, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
             json.dump({"uid": self.uid, "gid": self.gid, "hide": list(self.hide), "readonly": list(self.readonly),
-                       "writable": [str(work)], "cwd": str(work), "argv": argv, "env": env}, f)
+                       "writable": [str(work)], "cover": [list(c) for c in self.cover], "cwd": str(work),
+                       "argv": argv, "env": env}, f)
         command = [self.unshare, *UNSHARE, sys.executable, "-I", "-m", "partrain_edu.grading.jail", str(spec)]
         return subprocess.Popen(command, cwd="/", env={"PATH": env["PATH"], "LANG": "C.UTF-8"},
                                 preexec_fn=_die_with_parent, **pipes)
@@ -119,10 +122,23 @@ def isolation_for(folder: Path, submission: Path) -> Isolation:
                        f"sandbox: each notebook ran as user {USER} (uid {uid}) in its own mount, PID, IPC and "
                        f"network namespaces with a private folder and /tmp; the submissions, {home}"
                        f"{' and the repository ' + str(repo) if repo else ''} hidden; Python, the venv and the "
-                       "package read-only; no network; killed with everything it started at the time limit",
-                       unshare)
+                       "package read-only, the course's implementations (theory, parallel, strategies, ...) "
+                       "absent but for the exercises' helpers; no network; killed with everything it started "
+                       "at the time limit", unshare, _view())
     problem = _probe(jailed, submission.resolve())
     return _unjailed(problem) if problem else jailed
+
+
+def _view() -> tuple[tuple[str, str], ...]:
+    """The view of the package the sandbox gets (view.py), written once per grading process, removed at exit."""
+    import atexit
+
+    from partrain_edu.grading import view
+
+    folder = Path(tempfile.mkdtemp(prefix="partrain_view_"))
+    folder.chmod(0o755)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return tuple(view.build(folder))
 
 
 def _sandbox_user() -> tuple[int, int]:
@@ -155,9 +171,10 @@ def _probe(jailed: Isolation, submission: Path) -> str | None:
         return f"the sandbox could not run Python ({last})"
     if seen.get("uid") != jailed.uid:
         return f"the sandbox ran as uid {seen.get('uid')}, not {jailed.uid}"
-    if seen.get("package_writable") or seen.get("submission_visible"):
+    if seen.get("package_writable") or seen.get("submission_visible") or seen.get("reference_visible"):
         return "the sandbox could " + ("write the package" if seen.get("package_writable") else
-                                       f"see {submission}")
+                                       f"see {submission}" if seen.get("submission_visible") else
+                                       "read the course's implementation")
     return None
 
 
@@ -165,7 +182,8 @@ def _unjailed(reason: str) -> Isolation:
     user = pwd.getpwuid(os.getuid()).pw_name if hasattr(os, "getuid") else "you"
     return Isolation(False, None, None, (), (), f"no sandbox ({reason}): each notebook ran as {user} in a private "
                      f"folder and its own session, killed at the time limit, but it could change anything {user} "
-                     "can (the package, other submissions); run the grader as root on Linux for a sandbox")
+                     "can (the package, other submissions) and import the course's implementations; run the "
+                     "grader as root on Linux for a sandbox")
 
 
 def _die_with_parent() -> None:

@@ -22,7 +22,6 @@ from torch.distributed.device_mesh import init_device_mesh
 from partrain_edu.grading.core import register
 from partrain_edu.grading.observations import Malformed, Reader
 from partrain_edu.grading.rank_observe import observer
-from partrain_edu.theory import grid
 
 DIMS = ("tp", "dp", "pp")  # innermost first: the order every rank creates and all-reduces its groups in
 
@@ -33,6 +32,8 @@ NODE_CASES = [(4, 8, 2, 8), (2, 4, 8, 8), (2, 2, 2, 8), (2, 2, 4, 4), (2, 16, 1,
 
 def expected_groups(dim: str, dp: int, tp: int, pp: int) -> list[list[int]]:
     """Every group along `dim`, sorted, from the course's one rank grid (pp outermost, tp innermost)."""
+    from partrain_edu.theory import grid   # the reference, in the grader only: the sandbox shows no grid
+
     return grid.group_ranks(dim, {"pp": pp, "dp": dp, "tp": tp})
 
 
@@ -51,6 +52,8 @@ def _placement(dim: str, dp: int, tp: int, pp: int, per_node: int) -> str:
     shown = f"{group[:8]}"[:-1] + (", …]" if len(group) > 8 else "]")
     where = f"spans nodes {nodes}" if crossing else f"is all on node {nodes[0]}"
     span = {"tp": "tp", "dp": "tp·dp", "pp": "tp·dp·pp"}[dim]
+    from partrain_edu.theory import grid
+
     block = grid.block(dim, {"pp": pp, "dp": dp, "tp": tp})
     return (f"e.g. {dim} group {shown} {where}"
             + (" (a dimension of size 1 has one-rank groups)" if len(group) == 1 else "")
