@@ -127,10 +127,13 @@ def _span(ranks) -> str:
 
 class Watch:
     """Polled by a launcher while its ranks run: `poll` returns a mismatch once the same one, every record involved
-    unchanged, has been seen for STABLE_S; it reads the records at most every POLL_S."""
+    unchanged, has been seen for STABLE_S; it reads the records at most every POLL_S. `ended=True` (the warm pool,
+    whose ranks end a cell without exiting): also ranks waiting for members that all ended cleanly — in live mode
+    a "behind" finding means every member waits or ended, so none can arrive."""
 
-    def __init__(self, folder: str | os.PathLike, nproc: int):
+    def __init__(self, folder: str | os.PathLike, nproc: int, ended: bool = False):
         self.folder, self.nproc, self.next_look, self.seen = folder, nproc, 0.0, None
+        self.kinds = ("mismatch", "behind") if ended else ("mismatch",)
 
     def poll(self, finished: set[int] | None = None) -> Finding | None:
         now = time.monotonic()
@@ -138,7 +141,7 @@ class Watch:
             return None
         self.next_look = now + POLL_S
         found = diagnose(self.folder, self.nproc, finished, live=True)
-        if found is None or found.kind != "mismatch":
+        if found is None or found.kind not in self.kinds:
             self.seen = None
         elif self.seen is None or self.seen[0] != found.evidence:
             self.seen = (found.evidence, now)

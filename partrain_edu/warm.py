@@ -160,7 +160,7 @@ class Pool:
     def _wait(self, cell: Cell, deadline: float | None, timeout: float | None, presses: list[int]) -> None:
         """Route output and answers until every rank of `cell` is done; raise when the cell failed."""
         grace_end = interrupted = None
-        watch = _call_findings.Watch(self.dir, self.nproc)
+        watch = _call_findings.Watch(self.dir, self.nproc, ended=True)  # also: waiting for ranks that ended it
         while not cell.finished(now := time.monotonic()):
             if not self._link.alive():
                 self._died(cell)
@@ -182,6 +182,7 @@ class Pool:
                 self._kill()
                 raise _warm_diagnose.timed_out(cell, timeout, calls)
             if (found := watch.poll(cell.finished_cleanly())) is not None:  # they would wait until the timeout
+                # (a mismatch, or ranks in a collective that members who ended the cell will never join)
                 self._kill()
                 raise _warm_diagnose.mismatch(cell, found)
             self._link.pump(0.05)
