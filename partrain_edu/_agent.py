@@ -14,6 +14,7 @@ command line cannot ask for.
    shared server that is an open door into the run. TCPStore takes an already-bound socket (`master_listen_fd`),
    so each server it starts here gets one bound to 127.0.0.1. The launcher passes `--local-addr 127.0.0.1` and a
    127.0.0.1 rendezvous endpoint so that the clients look for the servers there.
+Also, before any rank starts, it joins the run's cgroup where the launcher could make one (`_cgroup`).
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ import os
 import signal
 import socket
 import sys
+
+from partrain_edu import _cgroup
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _STORE_ARGS = ("world_size", "is_master", "timeout", "wait_for_workers", "multi_tenant", "master_listen_fd",
@@ -59,6 +62,7 @@ def serve_on_loopback_only() -> None:
 
 def main(argv: list[str]) -> None:
     die_with_parent(int(argv[0]))
+    _cgroup.join(os.environ.get(_cgroup.ENV))  # before any rank starts: all they start stays in the run's cgroup
     serve_on_loopback_only()
     from torch.distributed.run import main as torchrun_main
 

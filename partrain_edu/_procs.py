@@ -3,7 +3,8 @@
 Every process of a launch (torchrun, each rank, whatever a rank starts) inherits `PARTRAIN_RUN_ID=<fresh id>` in
 its environment, so "the processes of this run" is a scan of /proc: it finds them whatever session or process group
 they moved to and whoever their parent is now. A process that cleared its environment is still found while it
-descends from one that did not.
+descends from one that did not; one that also left that ancestry (a double fork) is not, and only the run's
+cgroup (`_cgroup`, where the machine allows one) still holds it.
 
 Signals are sent to single processes, never to a process group, so there is no PID 0, -1 or own group to hit by
 mistake. Each goes through a pidfd opened *after* checking that the PID still has the start time the scan saw: a

@@ -14,7 +14,7 @@ Four small jobs, so that the notebook can show one clear story and nothing outli
 3. when the script ends, whatever it started and left running is killed: its descendants, and the members of its
    process group (torchrun starts each rank in a session of its own, which its children share);
 4. if the process that called `torchrun()` dies (a closed terminal, a killed kernel), a watchdog thread kills the
-   whole run, this rank last, and removes RUN_DIR.
+   whole run, then the run's cgroup where there is one (`_cgroup`), this rank last, and removes RUN_DIR.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import threading
 import time
 import traceback
 
-from partrain_edu import _calls, _procs
+from partrain_edu import _calls, _cgroup, _procs
 
 WATCH_S = 0.5  # how often the watchdog looks at the launcher
 LONGEST_LINE = 1 << 20  # a "line" that never ends is passed on in pieces of this size
@@ -102,6 +102,7 @@ def _watch_launcher(run_dir: str) -> None:
         # reaches the killing below only after removing it.
         shutil.rmtree(run_dir, ignore_errors=True)
         _procs.stop(lambda: _procs.run_members(run_id), grace_s=0.0)  # torchrun, every rank, what they started
+        _cgroup.kill_from_inside(os.environ.get(_cgroup.ENV))  # and what escaped the scan, this rank with it
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="partrain-watchdog", daemon=True).start()

@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from partrain_edu import _procs, _warm_rank
+from partrain_edu import _cgroup, _procs, _warm_rank
 from partrain_edu._warm_diagnose import Cell
 from partrain_edu.launch import KILL_GRACE_S, RANK_LINE, _Lines
 
@@ -42,7 +42,12 @@ class Link:
         self.lost: list[int | None] = []  # ranks whose socket closed (their process ended), in that order
         self.poller = select.poll()
         self.poller.register(listener.fileno(), select.POLLIN)
-        self.proc = _spawn(command, env)
+        self.cgroup = _cgroup.create(self.run_id)  # where allowed: nothing a rank starts escapes it (_cgroup.py)
+        try:
+            self.proc = _spawn(command, {**env, _cgroup.ENV: self.cgroup} if self.cgroup else env)
+        except BaseException:
+            _cgroup.kill(self.cgroup)
+            raise
         self.lines = _Lines(self.proc.stdout.fileno(), self._take)
         self.poller.register(self.proc.stdout.fileno(), select.POLLIN)
 
@@ -128,6 +133,7 @@ class Link:
         if self.proc.poll() is None:
             self.proc.terminate()
         _procs.stop(lambda: _procs.run_members(self.run_id), KILL_GRACE_S)
+        _cgroup.kill(self.cgroup)  # what the scan cannot find: a double-forked, setsid, env={} child
         try:
             self.proc.wait(KILL_GRACE_S)
         except subprocess.TimeoutExpired:  # only without /proc, where the scan above finds nothing

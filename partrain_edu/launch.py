@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
-from partrain_edu import _call_findings, _procs
+from partrain_edu import _call_findings, _cgroup, _procs
 from partrain_edu._diagnose import (RANK_DEBUG_ENV, TorchrunError, TorchrunInterrupted, failure, mismatch_error,
                                     timeout_error)
 from partrain_edu.runtime import BACKEND_ENV, DEFAULT_TIMEOUT_S, PUBLISH_DIR_ENV, TIMEOUT_ENV
@@ -68,6 +68,7 @@ class _Run:
     outputs: dict[int, list[str]] = field(default_factory=dict)
     launcher: list[str] = field(default_factory=list)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    cgroup: str | None = None  # the run's cgroup, where one could be made (_cgroup.py)
 
     def take(self, line: str) -> None:
         match = RANK_LINE.match(line)
@@ -171,9 +172,15 @@ def _supervise(command: list[str], env: dict[str, str], run: _Run, timeout: floa
     It ends when torchrun exits, not when its output pipe closes: a child a rank left running may hold the pipe
     open forever (it is killed here, then what is left in the pipe is read)."""
     start = time.perf_counter()
+    run.cgroup = _cgroup.create(run.run_id)  # where allowed: what escapes the /proc scan stays in it (_cgroup.py)
+    env = {**env, _cgroup.ENV: run.cgroup} if run.cgroup else env
     # A session of its own: Ctrl-C in a terminal reaches only this process, which then stops the run itself.
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    except BaseException:
+        _cgroup.kill(run.cgroup)
+        raise
     lines = _Lines(proc.stdout.fileno(), run.take)  # type: ignore[union-attr]
     deadline = None if timeout is None else start + timeout
     timed_out, mismatch, watch = False, None, _call_findings.Watch(run.run_dir, run.nproc)
@@ -234,6 +241,7 @@ def _stop(proc: subprocess.Popen, run: _Run) -> None:
     if proc.poll() is None:
         proc.terminate()  # Popen never signals a PID it has already reaped
     _procs.stop(lambda: _procs.run_members(run.run_id), KILL_GRACE_S)
+    _cgroup.kill(run.cgroup)  # what the scan cannot find: a double-forked, setsid, env={} child
     try:
         proc.wait(KILL_GRACE_S)
     except subprocess.TimeoutExpired:  # only without /proc, where the scan above finds nothing
