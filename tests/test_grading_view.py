@@ -39,6 +39,12 @@ BOUND = ("def max_dp_degree(params, tokens_per_step, peak_flops, bandwidth):\n  
          "'ort__')('partrain_' + 'edu.grading.checks.communication_bounds', fromlist=['x'])\n"
          "    return m.largest_degree(m.dp_slack(params, tokens_per_step, peak_flops, bandwidth))\n")
 
+PYC = ("def max_dp_degree(params, tokens_per_step, peak_flops, bandwidth):\n    import glob, marshal\n"
+       "    here = os.path.dirname(sys.modules['partrain_' + 'edu.grading'].__file__)\n"
+       "    code = open(glob.glob(os.path.join(here, 'checks', '__pycache__', 'communication_bounds*'))[0], 'rb').read()\n"
+       "    ns = {'__name__': 'x'}\n    getattr(builtins, 'ex' + 'ec')(marshal.loads(code[16:]), ns)\n"
+       "    return ns['largest_degree'](ns['dp_slack'](params, tokens_per_step, peak_flops, bandwidth))\n")
+
 
 def with_body(exercise: str, function: str, text: str):
     nb = nbformat.read(os.path.join(ROOT, "solutions", f"{exercise}.ipynb"), as_version=4)
@@ -91,6 +97,8 @@ def test_hostile_imports_score_0_and_honest_notebooks_1(tmp_path):
     nbformat.write(with_body("01_ring_all_reduce", "ring_all_reduce", RING), folder / "ranks-01_ring_all_reduce.ipynb")
     nbformat.write(with_body("13_communication_bounds", "max_dp_degree", TOP + BOUND),
                    folder / "grader-13_communication_bounds.ipynb")   # the check's own reference: not there
+    nbformat.write(with_body("13_communication_bounds", "max_dp_degree", TOP + PYC),
+                   folder / "pyc-13_communication_bounds.ipynb")      # nor its bytecode
     for exercise in ("01_ring_all_reduce", "03_memory_zero_stage"):
         shutil.copy(os.path.join(ROOT, "solutions", f"{exercise}.ipynb"), folder / f"honest-{exercise}.ipynb")
     done = subprocess.run([sys.executable, "-m", "partrain_edu", "check", str(folder), "--json", "--timeout", "300"],
@@ -99,8 +107,9 @@ def test_hostile_imports_score_0_and_honest_notebooks_1(tmp_path):
     assert "implementations" in report["isolation"], report["isolation"]
     scores = {os.path.basename(nb["path"]).split("-")[0]: nb for nb in report["notebooks"]
               if not nb["path"].endswith(f"honest-{nb['exercise']}.ipynb")}
-    bound = {c["name"]: c for c in scores.pop("grader")["checks"]}["max_dp_degree"]
-    assert not bound["passed"] and "raised AttributeError" in bound["message"], bound
+    for key, error in [("grader", "AttributeError"), ("pyc", "IndexError")]:
+        bound = {c["name"]: c for c in scores.pop(key)["checks"]}["max_dp_degree"]
+        assert not bound["passed"] and f"raised {error}" in bound["message"], bound
     honest = [nb["score"] for nb in report["notebooks"] if "honest-" in nb["path"]]
     assert {k: nb["score"] for k, nb in scores.items()} == {k: 0.0 for k in [*REACH, "ranks"]} and honest == [1.0, 1.0]
     for key, nb in scores.items():

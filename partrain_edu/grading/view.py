@@ -74,11 +74,19 @@ def build(dest: Path) -> list[tuple[str, str]]:
     for module, names in EXPOSED.items():
         original = PACKAGE.joinpath(*module.split(".")).with_suffix(".py")
         dest.joinpath(*module.split(".")).with_suffix(".py").write_text(extract(original.read_text(), names))
-    for name in EMPTIED:
+    for name in EMPTIED:   # the file, and its folder's bytecode cache (a .pyc holds the same code)
         empty = dest / "emptied" / name.replace("/", "__")
         empty.parent.mkdir(exist_ok=True)
         empty.write_text("")
         covers.append((str(empty), str(PACKAGE / name)))
+        cache = PACKAGE / Path(name).parent / "__pycache__"
+        try:
+            cache.mkdir(exist_ok=True)   # so that a cache written later is covered too
+        except OSError:   # a package nobody can write has no cache to come
+            pass
+        if cache.is_dir():
+            (empty.parent / f"{empty.stem}__pycache__").mkdir(exist_ok=True)
+            covers.append((str(empty.parent / f"{empty.stem}__pycache__"), str(cache)))
     for path in dest.rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)
     return covers
