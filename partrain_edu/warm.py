@@ -10,8 +10,9 @@ watchdogs: nothing outlives the kernel) and runs `partrain_edu._warm_rank`. Its 
 Unix socket in a private folder; every rank answers "done" (or its error) once it has written the cell's end mark
 into its output, where the kernel cuts the stream. A rank that raises leaves the pool usable, unless the others
 are still stuck GRACE_S later (in a collective, waiting for it). A rank that dies, a cell past its timeout, ranks
-whose call records show a collective mismatch or a wait for ranks that ended the cell (`partrain_edu._call_findings`:
-they would wait for ever), or ranks that ignore the stop button bring the pool down, every process killed, with an error that says `%dist restart`.
+whose call records show a collective mismatch or a wait for ranks that ended the cell (`_call_findings`: they
+would wait for ever), or ranks that ignore the stop button bring the pool down, every process killed, with an
+error that says `%dist restart`.
 """
 from __future__ import annotations
 
