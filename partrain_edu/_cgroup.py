@@ -66,11 +66,13 @@ def join(path: str | None) -> None:
 
 
 def kill_from_inside(path: str | None) -> None:
-    """A rank's watchdog, its launcher gone: SIGKILL the whole cgroup, the caller included (a stale sweep of
-    `create` removes the empty folder later)."""
+    """A rank's watchdog, its launcher gone: step out into the parent cgroup, then `kill` the run's cgroup and
+    remove it (the caller ends itself after). Unable to step out, it dies with the others, and a later
+    `create` sweeps the empty folder."""
     if path:
         with contextlib.suppress(OSError):
-            Path(path, "cgroup.kill").write_text("1")
+            Path(path).parent.joinpath("cgroup.procs").write_text(str(os.getpid()))
+        kill(path)
 
 
 def _populated(folder: Path) -> bool:
