@@ -132,7 +132,9 @@ def strategies() -> dict[str, type[Strategy]]:
 
     for module in STRATEGY_MODULES:
         importlib.import_module(module)
-    return STRATEGIES
+    # in the index's order, whichever module a caller happened to import first (stable: a module's own order stays)
+    place = {module: i for i, module in enumerate(STRATEGY_MODULES)}
+    return dict(sorted(STRATEGIES.items(), key=lambda item: place.get(item[1].__module__, len(place))))
 
 
 def get_strategy(name: str) -> type[Strategy]:
