@@ -2,10 +2,11 @@
 
     check_train_arguments(cfg)   # cfg: a TrainConfig built with `light_model()`: no torch anywhere
 
-The strategies' own `layout` (strategies/*.py) and `emulation.check` stay the authority and still run once
-torch is loaded; this module says the same thing earlier, in the same words, for every strategy. It mirrors
-their rules by strategy name, and tests/test_train_checks.py holds the two to agreement over a grid of
-layouts (and STRATEGY_NAMES, MODEL to the registry and GPTConfig), so a new rule there fails a test here.
+The rules for pipelines (`check_pipeline`), FSDP × TP's degrees (`fsdp_tp_degrees`) and the global batch
+(`check_global_batch`) live here and the strategies call them. The others are the strategies' `layout`
+(strategies/*.py) and `emulation.check`, which still run once torch is loaded. This module mirrors them by
+strategy name, and tests/test_train_checks.py holds the two to agreement over a grid of layouts (and
+STRATEGY_NAMES, MODEL to the registry and GPTConfig), so a new rule there fails a test here.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def light_model() -> SimpleNamespace:
     return SimpleNamespace(**MODEL)
 
 
-def _global_batch(cfg, dp: int) -> None:
+def check_global_batch(cfg, dp: int) -> None:
+    """Every data-parallel replica takes B/dp sequences, in `cfg.microbatches` equal micro-batches."""
     if cfg.global_batch % (dp * cfg.microbatches):
         raise ValueError(f"--global-batch {cfg.global_batch} must be divisible by dp × microbatches = "
                          f"{dp} × {cfg.microbatches}")
@@ -54,7 +56,7 @@ def _data_parallel(name: str, cfg) -> None:
     dp = cfg.dp or cfg.nproc
     if dp != cfg.nproc or (cfg.tp or 1) != 1 or (cfg.pp or 1) != 1:
         raise ValueError(f"{name} is data parallel only: use --dp {cfg.nproc} (= --nproc) and no --tp/--pp")
-    _global_batch(cfg, dp)
+    check_global_batch(cfg, dp)
 
 
 def _tensor(name: str, cfg) -> None:
@@ -66,8 +68,9 @@ def _tensor(name: str, cfg) -> None:
     _microbatches(cfg)
 
 
-def _pipeline(name: str, cfg) -> None:
-    p, chunks, layers = cfg.pp or cfg.nproc, 2 if name == "pp-interleaved" else 1, cfg.model.n_layer
+def check_pipeline(cfg, name: str, chunks: int = 1) -> int:
+    """p for a pipeline-only run of `cfg`, or a one-line ValueError naming the fix (the pipeline strategies' own)."""
+    p, layers = cfg.pp or cfg.nproc, cfg.model.n_layer
     if p != cfg.nproc or (cfg.dp or 1) != 1 or (cfg.tp or 1) != 1:
         raise ValueError(f"{name} is pipeline parallelism alone: give --pp equal to --nproc (got --pp {p}, "
                          f"--nproc {cfg.nproc}) and no --dp/--tp; the 3d strategy combines them")
@@ -79,6 +82,11 @@ def _pipeline(name: str, cfg) -> None:
         raise ValueError(f"{name} sends micro-batches in groups of --pp {p}: use --microbatches a multiple of "
                          f"{p} (got {cfg.microbatches})")
     _microbatches(cfg)
+    return p
+
+
+def _pipeline(name: str, cfg) -> None:
+    check_pipeline(cfg, name, 2 if name == "pp-interleaved" else 1)
 
 
 def _three_d(name: str, cfg) -> None:
@@ -91,7 +99,7 @@ def _three_d(name: str, cfg) -> None:
     if pp > cfg.model.n_layer:
         raise ValueError(f"--pp {pp} is more stages than the model's {cfg.model.n_layer} layers: use --pp "
                          f"{cfg.model.n_layer} or less")
-    _global_batch(cfg, dp)
+    check_global_batch(cfg, dp)
 
 
 def _context(name: str, cfg) -> None:
@@ -106,7 +114,8 @@ def _context(name: str, cfg) -> None:
     _microbatches(cfg)
 
 
-def _fsdp_tp(name: str, cfg) -> None:
+def fsdp_tp_degrees(cfg, name: str) -> tuple[int, int]:
+    """(dp, tp) of a 2D run, or a one-line ValueError (the fsdp-tp strategies' own)."""
     tp = cfg.tp or 1
     dp = cfg.dp or cfg.nproc // tp or 1
     if (cfg.pp or 1) != 1:
@@ -114,8 +123,13 @@ def _fsdp_tp(name: str, cfg) -> None:
     if dp * tp != cfg.nproc:
         raise ValueError(f"--dp {dp} × --tp {tp} = {dp * tp} ranks, but there are {cfg.nproc}: pick sizes "
                          f"whose product is --nproc {cfg.nproc}")
+    return dp, tp
+
+
+def _fsdp_tp(name: str, cfg) -> None:
+    dp, tp = fsdp_tp_degrees(cfg, name)
     _divisible(cfg.model, tp)
-    _global_batch(cfg, dp)
+    check_global_batch(cfg, dp)
 
 
 def _rule(name: str):

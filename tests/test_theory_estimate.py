@@ -9,7 +9,7 @@ from partrain_edu.theory.layout import Layout, stage_layers
 from partrain_edu.theory.layout_memory import fullest_stage
 from partrain_edu.theory.memory import gpt_param_count
 from partrain_edu.theory.model_spec import MODELS, ModelSpec
-from partrain_edu.theory.published_runs import load, predicted_metric
+from partrain_edu.theory.published_runs import load, metric_of, predicted_metric
 
 RUNS = [r for r in load() if r.complete]
 MFU_TOLERANCE, MEMORY_TOLERANCE = 0.15, 0.20     # issue 26: relative, in each paper's own convention
@@ -31,7 +31,7 @@ def test_the_table_has_the_runs_the_issue_names():
 @pytest.mark.parametrize("run", RUNS, ids=lambda r: r.run)
 def test_each_published_run_is_predicted_and_fits(run):
     result = estimate(run.model, run.layout, run.device)
-    predicted = result.mfu if run.convention == "mfu" else result.hfu_tflops_per_gpu
+    predicted = metric_of(run, result)
     error = predicted / run.reported - 1
     assert result.fits, f"{run.run}: {result.memory.total / 1e9:.1f} GB does not fit"
     if run.memory_gb:

@@ -24,15 +24,9 @@ from partrain_edu.config import TrainConfig
 from partrain_edu.data import data_parallel_slice, split_microbatches
 from partrain_edu.models import TinyGPT
 from partrain_edu.parallel.fsdp import FullyShardedDataParallel
+from partrain_edu.train_checks import check_global_batch  # noqa: F401  (torch-free: the strategies' and the CLI's one rule)
 
 LEARNING_RATE = 3e-3
-
-
-def check_global_batch(cfg: TrainConfig, dp: int) -> None:
-    """Every data-parallel replica takes B/dp sequences, in `cfg.microbatches` equal micro-batches."""
-    if cfg.global_batch % (dp * cfg.microbatches):
-        raise ValueError(f"--global-batch {cfg.global_batch} must be divisible by dp × microbatches = "
-                         f"{dp} × {cfg.microbatches}")
 
 
 class Strategy:

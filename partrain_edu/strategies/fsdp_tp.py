@@ -33,6 +33,7 @@ from partrain_edu.strategies.base import (Strategy, check_global_batch, in_flag_
                                           register)
 from partrain_edu.strategies.tensor import check_divisible, parallelize_tinygpt
 from partrain_edu.strategies.torch_tp import dtensor_parallelize_tinygpt
+from partrain_edu.train_checks import fsdp_tp_degrees
 
 
 @register("fsdp-tp")
@@ -41,13 +42,7 @@ class FsdpTp(Strategy):
 
     @classmethod
     def layout(cls, cfg: TrainConfig) -> tuple[int, int, int]:
-        tp = cfg.tp or 1
-        dp = cfg.dp or cfg.nproc // tp or 1
-        if (cfg.pp or 1) != 1:
-            raise ValueError(f"{cls.name} is 2D, dp × tp: drop --pp (the 3d strategy adds pipeline stages)")
-        if dp * tp != cfg.nproc:
-            raise ValueError(f"--dp {dp} × --tp {tp} = {dp * tp} ranks, but there are {cfg.nproc}: pick sizes "
-                             f"whose product is --nproc {cfg.nproc}")
+        dp, tp = fsdp_tp_degrees(cfg, cls.name)
         with in_flag_words():
             check_divisible(cfg.model, tp)
         check_global_batch(cfg, dp)

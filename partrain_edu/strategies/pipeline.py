@@ -31,25 +31,7 @@ from partrain_edu.parallel.pp_comm import Mailbox
 from partrain_edu.strategies.base import Strategy, get_strategy, register
 from partrain_edu.strategies.emulation import emulate
 from partrain_edu.theory.schedules import bubble_formula, build_schedule, simulate
-
-
-def check_pipeline(cfg: TrainConfig, name: str, chunks: int = 1) -> int:
-    """p for a pipeline-only run of `cfg`, or a one-line ValueError naming the fix."""
-    p = cfg.pp or cfg.nproc
-    if p != cfg.nproc or (cfg.dp or 1) != 1 or (cfg.tp or 1) != 1:
-        raise ValueError(f"{name} is pipeline parallelism alone: give --pp equal to --nproc (got --pp {p}, "
-                         f"--nproc {cfg.nproc}) and no --dp/--tp; the 3d strategy combines them")
-    layers = cfg.model.n_layer
-    if p * chunks > layers:
-        raise ValueError(f"{name} needs --pp × {chunks} chunks ≤ the model's {layers} layers: use --pp "
-                         f"{layers // chunks} or less" if chunks > 1 else
-                         f"--pp {p} is more stages than the model's {layers} layers: use --pp {layers} or less")
-    if chunks > 1 and cfg.microbatches % p:
-        raise ValueError(f"{name} sends micro-batches in groups of --pp {p}: use --microbatches a multiple of "
-                         f"{p} (got {cfg.microbatches})")
-    if cfg.global_batch % cfg.microbatches:
-        raise ValueError(f"--global-batch {cfg.global_batch} must be divisible by --microbatches {cfg.microbatches}")
-    return p
+from partrain_edu.train_checks import check_pipeline  # noqa: F401  (torch-free: shared with the CLI's early check)
 
 
 class TokensAndPositions(nn.Module):

@@ -188,14 +188,9 @@ def _spreads(model: ModelSpec, gpus: int, gpus_per_node: int, global_batch: int,
                                          gpus_per_node=gpus_per_node, **framework)
 
 
-def candidate_layouts(params: int | str | None, gpus: int, gpu_memory: int | str | None = None,
-                      gpus_per_node: int = 8, interconnect: str = "infiniband", global_batch: int = GLOBAL_BATCH,
-                      seq: int = SEQ, *, model: ModelSpec | None = None, device: str | None = None,
-                      stack: Spread | None = None) -> list[Layout]:
-    """Every layout of ``gpus`` GPUs that fits, each timed; per spread the fastest micro-batch and the least
-    recompute that fits it. ``model`` (a ModelSpec) replaces ``params`` (GPT-3's shape of that size); ``stack``
-    (a `theory.layout.Layout`: a published run's) lends its framework features (`STACK`), ZeRO stage and recompute,
-    so that only the degrees and the micro-batch are searched."""
+def _resolve(params, seq: int, model: ModelSpec | None, device: str | None, gpu_memory) -> tuple[ModelSpec, str, int]:
+    """(the model, the device preset's key, bytes per GPU): `model` or GPT-3's shape of `params`; the device's
+    HBM unless `gpu_memory` says otherwise. One-line errors."""
     device = canonical(device or DEFAULT_DEVICE)
     if model is None:
         if params is None:
@@ -206,13 +201,25 @@ def candidate_layouts(params: int | str | None, gpus: int, gpu_memory: int | str
                 raise ValueError(f"{flag} must be a positive whole number, got {value!r}")
         model = assumed_model(params, seq)
     memory = parse_size(gpu_memory) if isinstance(gpu_memory, (str, float)) else gpu_memory
-    for flag, value in (("--gpus", gpus), ("--gpu-memory", memory or 1), ("--gpus-per-node", gpus_per_node),
-                        ("--global-batch", global_batch)):
+    if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int) or memory < 1):
+        raise ValueError(f"--gpu-memory must be a positive whole number, got {memory!r}")
+    return model, device, memory or device_named(device).memory_bytes
+
+
+def candidate_layouts(params: int | str | None, gpus: int, gpu_memory: int | str | None = None,
+                      gpus_per_node: int = 8, interconnect: str = "infiniband", global_batch: int = GLOBAL_BATCH,
+                      seq: int = SEQ, *, model: ModelSpec | None = None, device: str | None = None,
+                      stack: Spread | None = None) -> list[Layout]:
+    """Every layout of ``gpus`` GPUs that fits, each timed; per spread the fastest micro-batch and the least
+    recompute that fits it. ``model`` (a ModelSpec) replaces ``params`` (GPT-3's shape of that size); ``stack``
+    (a `theory.layout.Layout`: a published run's) lends its framework features (`STACK`), ZeRO stage and recompute,
+    so that only the degrees and the micro-batch are searched."""
+    model, device, capacity = _resolve(params, seq, model, device, gpu_memory)
+    for flag, value in (("--gpus", gpus), ("--gpus-per-node", gpus_per_node), ("--global-batch", global_batch)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{flag} must be a positive whole number, got {value!r}")
     if gpus > gpus_per_node and gpus % gpus_per_node:
         raise ValueError(f"--gpus {gpus} is not a multiple of --gpus-per-node {gpus_per_node}; use whole nodes")
-    capacity = memory or device_named(device).memory_bytes
     net = network_gbps(interconnect, device)
     layouts = []
     for spread in _spreads(model, gpus, gpus_per_node, global_batch, net, stack):
@@ -235,11 +242,9 @@ def plan(params: int | str | None, gpus: int, gpu_memory: int | str | None = Non
     """The ``plan`` subcommand: the simplest family within `SIMPLICITY_MARGIN` of the fastest layout; the three
     fastest; and `given` (a `theory.layout.Layout` of the same GPUs) costed beside them, as it is (its own
     framework features); ``stack`` gives the search the same features."""
-    layouts = candidate_layouts(params, gpus, gpu_memory, gpus_per_node, interconnect, global_batch, seq,
-                                model=model, device=device, stack=stack)
-    model = model or assumed_model(parse_size(params) if isinstance(params, (str, float)) else params, seq)
-    memory = parse_size(gpu_memory) if isinstance(gpu_memory, (str, float)) else gpu_memory
-    capacity = memory or device_named(canonical(device or DEFAULT_DEVICE)).memory_bytes
+    model, device, capacity = _resolve(params, seq, model, device, gpu_memory)
+    layouts = candidate_layouts(None, gpus, capacity, gpus_per_node, interconnect, global_batch, model=model,
+                                device=device, stack=stack)
     if not layouts:
         raise ValueError(f"{format_count(model.params())} parameters fit no layout of {gpus} GPU(s) with "
                          f"{format_bytes(capacity)} each, even with ZeRO-3 and full recompute; use more GPUs "
@@ -260,8 +265,8 @@ def plan(params: int | str | None, gpus: int, gpu_memory: int | str | None = Non
             raise ValueError(f"the given layout uses {given.gpus} GPUs (tp·pp·cp·dp), the plan {gpus}: "
                              "give degrees whose product is --gpus")
         given = replace(given, gpus_per_node=gpus_per_node, global_batch=given.global_batch or global_batch,
-                        network_gbps=given.network_gbps or network_gbps(interconnect, canonical(device or DEFAULT_DEVICE)))
-        costed = Layout.of(estimate(model, given, canonical(device or DEFAULT_DEVICE), memory_bytes=capacity))
+                        network_gbps=given.network_gbps or network_gbps(interconnect, device))
+        costed = Layout.of(estimate(model, given, device, memory_bytes=capacity))
     reason = reason_for(chosen, best, fastest, model, gpus, gpus_per_node, capacity, global_batch)
     shape = Shape(model.layers, model.hidden, model.heads)
     return Plan(chosen, reason, shape, model.seq, tuple(list(distinct.values())[:3]), costed)

@@ -94,9 +94,13 @@ def load(path: Path = CSV) -> list[PublishedRun]:
         return [_parse(row) for row in csv.DictReader(f)]
 
 
+def metric_of(run: PublishedRun, result) -> float:
+    """An `Estimate` in the run's own convention: MFU, or hardware (recompute-counted) TFLOP/s per GPU."""
+    return result.mfu if run.convention == "mfu" else result.hfu_tflops_per_gpu
+
+
 def predicted_metric(run: PublishedRun, fitted: dict | None = None) -> float:
-    """The model's value for this run in the run's own convention (MFU, or hardware TFLOP/s per GPU)."""
+    """The model's value for this run in its own convention, with the stored (or `fitted`) efficiency terms."""
     from partrain_edu.theory.calibration import terms
     from partrain_edu.theory.estimate import estimate
-    result = estimate(run.model, run.layout, run.device, eff=terms(run.device, fitted))
-    return result.mfu if run.convention == "mfu" else result.hfu_tflops_per_gpu
+    return metric_of(run, estimate(run.model, run.layout, run.device, eff=terms(run.device, fitted)))

@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from partrain_edu.theory.calibration import Efficiency, terms
 from partrain_edu.theory.estimate import Estimate, estimate
 from partrain_edu.theory.hardware import device_named
+from partrain_edu.theory.published_runs import metric_of
 from partrain_edu.viz.palette import FITS, INK, OVER, PARAMS, clean
 
 
@@ -32,16 +33,12 @@ class Held:
         return self.predicted / self.run.reported - 1
 
 
-def _metric(run, result: Estimate) -> float:
-    return result.mfu if run.convention == "mfu" else result.hfu_tflops_per_gpu
-
-
 def held_against(runs, eff_of=None) -> list[Held]:
     """Each complete run estimated; `eff_of(device) -> Efficiency` replaces the fitted terms (an ablation)."""
     rows = []
     for run in (r for r in runs if r.complete):
         result = estimate(run.model, run.layout, run.device, eff=(eff_of or terms)(run.device))
-        rows.append(Held(run, result, _metric(run, result)))
+        rows.append(Held(run, result, metric_of(run, result)))
     return rows
 
 
