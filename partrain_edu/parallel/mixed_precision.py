@@ -1,4 +1,4 @@
-"""Mixed precision (混合精度): compute and communicate in bf16, keep fp32 master weights and optimizer states.
+"""Mixed precision (混合精度): compute in bf16, keep fp32 master weights and moments; reduce in `reduce_dtype`.
 
     ddp = DistributedDataParallel(model, mixed_precision=MixedPrecision(torch.bfloat16)); AdamW(ddp.parameters())
     partrain-edu train --strategy ddp-bf16 --nproc 2 --steps 5 --json      (zero3-bf16, torch-fsdp-bf16 beside it)
@@ -7,7 +7,8 @@ Micikevicius et al. 2018 ("Mixed Precision Training"): the module's own paramete
 weights any optimizer updates, its moments fp32 too. `LowPrecisionCopy` holds a bf16 copy of each one (2 B),
 refreshed when the master has changed, and runs forward through it; backward casts each copy's gradient up and
 autograd sums it into `master.grad`, fp32 — the gradient-accumulation buffer across micro-batches (4 B). On the
-wire gradients travel in `reduce_dtype` (DDP's bf16 buckets, 2 B): half of fp32's bytes. Per parameter:
+wire gradients travel in `reduce_dtype`, a choice: bf16 (DDP's bf16 buckets, 2 B) sends half of fp32's bytes and
+rounds once per ring hop; fp32, Megatron-LM's and torchtitan's default for bf16 training, rounds less. Per parameter:
 2 + 2 + 4 + 4 + 4 (+ 4 for the fp32 gradients) — ZeRO's 2 + 2 + 12 (Rajbhandari et al. 2020, §3.1) plus the
 buffer DeepSpeed converts per partition at the step. bf16 keeps fp32's 8 exponent bits: no loss scaling;
 fp16 (5 bits) needs it (notebook 12 shows a gradient that underflows). FSDP casts at each gather (fsdp.py).

@@ -5,10 +5,14 @@
 
 Micikevicius et al. 2018 ("Mixed Precision Training"); Rajbhandari et al. 2020 ("ZeRO", §3.1). TinyGPT's
 parameters stay fp32 — the master weights AdamW updates, with fp32 moments; forward and backward run in bf16,
-gradients travel in bf16 (half of the fp32 strategy's bytes, measured by `CommTracer`), the logits are cast to
-fp32 before the loss. Held per parameter (`state_bytes`, read from tensors):
+the logits are cast to fp32 before the loss. Gradients are reduced in bf16 (half of the fp32 strategy's bytes,
+measured by `CommTracer`): a choice these strategies make so that notebook 12 can measure the trade, not the
+reference stacks' default — Megatron-LM (`accumulate_allreduce_grads_in_fp32`) and torchtitan
+(`mixed_precision_reduce = "float32"`) reduce bf16 gradients in fp32, which adds no bf16 rounding per ring hop.
+Held per parameter (`state_bytes`, read from tensors):
 - ddp-bf16: params 2 (the bf16 copy) · grads 2 + 4 (bf16 buckets; fp32 `.grad`, the accumulation buffer) ·
-  optimizer 4 + 4 + 4 (master, m, v) — ZeRO's 2 + 2 + 12 plus the fp32 buffer: 20 B.
+  optimizer 4 + 4 + 4 (master, m, v) — ZeRO's 2 + 2 + 12 plus the fp32 buffer: 20 B (Megatron-Core's 2 + 4 + 12
+  = 18 keeps the fp32 buffer only, and reduces it).
 - zero3-bf16 (`fsdp.MixedPrecision`) and torch-fsdp-bf16 (FSDP2's `MixedPrecisionPolicy`): the fp32 shard is
   the master (4/n), its fp32 gradient (4/n), m and v (8/n); the bf16 copy exists only gathered, per unit.
 Losses match `single`'s within 2⁻⁸ ≈ 3.9e-3 relative over 5 steps — one bf16 rounding (8 significant bits):
