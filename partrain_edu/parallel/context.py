@@ -3,14 +3,18 @@
     partrain-edu train --strategy cp --nproc 4 --cp 4 --json
 
 **Sharded**: the sequence. Each of the n ranks holds T/n positions of every activation (`Sharding`; zig-zag: rank r
-holds chunks r and 2n−1−r of 2n, so under a causal mask every rank has the same work: Llama 3, Dubey et al. 2024,
-§3.3.2; Striped Attention, Brandon et al. 2023, stripes instead). Everything but attention is token by token.
+holds chunks r and 2n−1−r of 2n, so under a causal mask every rank has the same work: Llama 3's layout, Dubey et
+al. 2024, §3.3.2; Striped Attention, Brandon et al. 2023, stripes instead). Everything but attention is token by token.
 **Sent**: attention needs every key. The K and V blocks travel around the ring, one hop per step, and each rank
-merges the blocks' partial softmaxes with their log-sum-exp (Liu et al. 2023, "Ring Attention"; the online softmax
-of FlashAttention). Backward sends K, V around again and the dK, dV accumulators with them, home after n−1 hops:
+merges the blocks' partial softmaxes with their log-sum-exp (Liu et al. 2023, "Ring Attention with Blockwise
+Transformers for Near-Infinite Context"; the online softmax of FlashAttention). Backward sends K, V around again
+and the dK, dV accumulators with them, home after n−1 hops:
 
     bytes sent per rank = (n−1)/n · (bytes of the whole K and V)   forward;   twice that backward
 
+This pass-KV ring is one of two ways. Llama 3 (Dubey et al. 2024, §3.3.2) and PyTorch's `context_parallel` (its
+default rotate method is "allgather"; `set_rotate_method("alltoall")` gives the ring) all-gather K and V instead:
+the same forward bytes in one exposed collective, cheap when GQA makes K and V small.
 Only a rank's own q, k, v, its output and log-sum-exp are saved: activation memory per rank falls as 1/n.
 `RingAttention(group, sharding).apply(model)` runs every `F.scaled_dot_product_attention` inside the model's forward
 this way, as PyTorch's `context_parallel` does (which has no rule for the CPU attention kernel).

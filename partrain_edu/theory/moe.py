@@ -43,7 +43,8 @@ def dropped(load: list[int], cap: int | None) -> int:
 
 
 def switch_aux_loss(f: list[float], P: list[float], alpha: float = 0.01) -> float:
-    """α · E · Σ f_i · P_i; equals α when f and P are uniform (1/E each), its minimum for uniform P."""
+    """α · E · Σ f_i · P_i (Switch eq. 4). Equals α whenever P is uniform (1/E each), whatever the loads f: its value
+    does not measure balance (read f, or `imbalance`); its gradient α·E·f_i does the balancing."""
     if len(f) != len(P) or not f:
         raise ValueError(f"f and P need one entry per expert, got {len(f)} and {len(P)}")
     return alpha * len(f) * sum(a * b for a, b in zip(f, P))
