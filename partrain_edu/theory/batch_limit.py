@@ -2,15 +2,20 @@
 
     max_dp_for_batch(1024, 1)  → 1024;   min_tp_for_batch(gpus=4096, global_batch=1024) → 4
 
-**Out of batch.** A step's global batch B (sequences) is bounded — past the critical batch size a bigger batch
-buys no fewer steps (McCandlish et al. 2018, "An Empirical Model of Large-Batch Training"; Kaplan et al. 2020)
-— and each of n data-parallel replicas needs at least b_min sequences: n ≤ ⌊B / b_min⌋. On G GPUs the rest must
-be model parallel: tp ≥ G·b_min / B. **Out of intensity** (Austin et al. 2025, "How to Scale Your Model", §5):
-a replica of t tokens computes 6Ψ·t FLOPs and, under FSDP, sends 3(n−1)/n·Ψ·e bytes (`traffic` "zero3"): its
-arithmetic intensity 2t·n/((n−1)·e) FLOPs per byte — ≈ t in bf16 — must reach the link's F/β (C/W) to hide
-its traffic: t ≳ (e/2)·F/β tokens, whatever Ψ. Under tp a replica spans tp GPUs: Ψ/tp bytes against 6Ψ/tp FLOPs
-per token, the same ratio, but n = G/tp replicas of tp× more tokens each: 2D keeps FSDP compute-bound. The
-exact, per-pass bound on n (exercise 13, `exercises/13_communication_bounds.ipynb`) is left to the learner.
+**Out of batch.** A step's global batch B (sequences) is bounded — the steps to a given loss follow
+S = S_min·(1+B_noise/B), so past the critical batch size a bigger batch buys little: the steps fall slowly while the
+tokens per step double (McCandlish et al. 2018, "An Empirical Model of Large-Batch Training"; Kaplan et al. 2020) —
+and each of n data-parallel replicas needs at least b_min sequences: n ≤ ⌊B / b_min⌋. On G GPUs the rest must be
+model parallel: tp ≥ G·b_min / B. **Out of intensity** (Austin et al. 2025, "How to Scale Your Model", §5): a
+replica of t tokens computes 6Ψ·t FLOPs and, under FSDP, sends 3(n−1)/n·Ψ·e bytes (`traffic` "zero3"): its
+arithmetic intensity 2t·n/((n−1)·e) FLOPs per byte — ≈ t in bf16 — must reach the link's F/β (C/W) to hide its
+traffic: t ≳ (e/2)·F/β tokens, whatever Ψ. F is the FLOP/s the GPU sustains and β the bytes/s its link achieves: the
+datasheet's peak and link (`hardware.PRESETS`) give an upper bound on the tokens needed; the calibrated rates
+(`calibration.terms(device).matmul(h)` × peak, `step_time.link_cost`) a realistic one. The same rule with k·Ψ·e
+bytes per step instead of 3Ψe reads t ≳ (k·e/6)·F/β: k = 2 for DDP's all-reduce. Under tp a replica spans tp GPUs:
+Ψ/tp bytes against 6Ψ/tp FLOPs per token, the same ratio, but n = G/tp replicas of tp× more tokens each: 2D keeps
+FSDP compute-bound. The exact, per-pass bound on n (exercise 13, `exercises/13_communication_bounds.ipynb`) is left
+to the learner.
 Pure Python: no torch.
 """
 from __future__ import annotations
@@ -62,6 +67,7 @@ def hardware_intensity(flops: float, bandwidth: float) -> float:
 
 def critical_tokens(flops: float, bandwidth: float, bytes_per_element: int = 2) -> float:
     """Tokens per replica from which FSDP's whole step hides its traffic, in the many-replica limit
-    ((n−1)/n → 1): (e/2)·F/β, independent of Ψ and of tp."""
+    ((n−1)/n → 1): (e/2)·F/β, independent of Ψ and of tp. `flops` is what the GPU sustains: its peak gives the
+    most tokens a replica could need, a calibrated rate (`calibration.terms`) what it needs in practice."""
     _positive(bytes_per_element=bytes_per_element)
     return bytes_per_element / 2 * hardware_intensity(flops, bandwidth)
