@@ -53,7 +53,7 @@ def test_interleaved_bubble_is_p_minus_1_over_vm_plus_p_minus_1(p, k, v):
 @pytest.mark.parametrize("p, m", [(p, m) for p, m in GRID if m >= p])
 @pytest.mark.parametrize("f, b, w", [(1, 1, 1), (1, 2, 1), (2, 1, 1), (1, 1, 0.5), (3, 2, 1)])
 def test_zb_h1_idle_is_p_minus_1_times_f_plus_b_minus_w(p, m, f, b, w):
-    # Qi et al. 2023 §2.1 (holds for m >= p and W <= F, which includes their F = B = W).
+    # Qi et al. 2024 §2.1 (holds for m >= p and W <= F, which includes their F = B = W).
     zb = simulate(build_schedule("zb-h1", p, m), f, b, w)
     one_f_one_b = simulate(build_schedule("1f1b", p, m), f, b, w)  # runs B and W together
     for idle_zb, idle_1f1b in zip(zb.idle, one_f_one_b.idle):

@@ -1,4 +1,4 @@
-"""Zero-bubble pipeline parallelism (issue 18; Qi et al. 2023): the executor runs ZB-H1 for real — B the input
+"""Zero-bubble pipeline parallelism (issue 18; Qi et al. 2024): the executor runs ZB-H1 for real — B the input
 gradient, W the weights' later — with the gradients of one process and of 1F1B, on models it never saw; on the
 emulated device its measured bubble (气泡) is the simulator's (±0.03, F = B = W as the device charges them), a
 third of 1F1B's idle time; `pp-zb1` and PyTorch's `torch-pp-zb` train like `single`. Two launches (4 ranks, the

@@ -8,7 +8,7 @@
 2021, §2.2.2) V chunks, virtual stage v = chunk·p + s. **Communicated** (pp_comm.py): per micro-batch and
 boundary, the activation forward and its gradient back; a middle stage sends 2m messages per step.
 **Schedule**: rank s runs exactly `theory.schedules.build_schedule(...).actions[s]`; each action waits only for its
-message: the bubble (气泡), (p−1)/(m+p−1) for GPipe (Huang et al. 2019) and 1F1B. Under ZB-H1 (Qi et al. 2023)
+message: the bubble (气泡), (p−1)/(m+p−1) for GPipe (Huang et al. 2019) and 1F1B. Under ZB-H1 (Qi et al. 2024)
 B is the input gradient only and W, later, the weights' (`split_backward`). Events are recorded in the
 simulator's shape and stashed activations counted (GPipe m, 1F1B p − s, ZB-H1 p: W holds its graph).
 **Equivalence**: gradients are Σ_mb (loss_mb / m)', one process's accumulation: the same loss and gradients.

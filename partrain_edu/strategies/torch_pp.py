@@ -1,5 +1,5 @@
 """`torch-pp`, `torch-pp-zb`: PyTorch's own pipeline parallelism — `torch.distributed.pipelining`'s
-`Schedule1F1B`, and its zero-bubble `ScheduleInterleavedZeroBubble` (Qi et al. 2023) on one stage per rank.
+`Schedule1F1B`, and its zero-bubble `ScheduleInterleavedZeroBubble` (Qi et al. 2024) on one stage per rank.
 
     partrain-edu train --strategy torch-pp --nproc 4 --pp 4 --microbatches 8 --json
     partrain-edu train --strategy torch-pp-zb --nproc 4 --pp 4 --microbatches 8 --json

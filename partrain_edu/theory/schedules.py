@@ -22,7 +22,7 @@ Schedules, for p stages and m micro-batches (uniform costs F, B, W; bubble = idl
 - ``interleaved`` (Narayanan et al. 2021 §2.2.2): each stage holds V chunks (virtual stages s, s+p, …),
   each costing 1/V; micro-batches go in groups of p, Megatron-LM's order. Bubble (p−1)/(V·m+p−1); needs
   m to be a multiple of p.
-- ``zb-h1`` (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", §2.1, Figure 3 top): 1F1B with the
+- ``zb-h1`` (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", §2.1, Figure 3 top): 1F1B with the
   backward split into B (input gradient, on the critical path) and W (weight gradient, free to move).
   Stage s delays its W's by s steps, so every stage keeps p micro-batches in flight (stage 0's 1F1B peak)
   and the late W's fill the cool-down. Idle time per stage (p−1)(F+B−W) instead of 1F1B's (p−1)(F+B+W):
@@ -251,7 +251,7 @@ def bubble_formula(schedule: str, stages: int, microbatches: int, chunks: int = 
                    t_backward: float = 2.0, t_weight: float = 0.0) -> tuple[str, Fraction] | None:
     """The closed-form bubble of ``schedule`` for equal stages, as (text, value); None where there is none:
     naive (p−1)/p; GPipe and 1F1B (p−1)/(m+p−1) (Huang et al. 2019); interleaved (p−1)/(v·m+p−1)
-    (Narayanan et al. 2021); ZB-H1 (p−1)(F+B−W)/(m(F+B+W)+(p−1)(F+B−W)) (Qi et al. 2023)."""
+    (Narayanan et al. 2021); ZB-H1 (p−1)(F+B−W)/(m(F+B+W)+(p−1)(F+B−W)) (Qi et al. 2024)."""
     p, m, v = stages, microbatches, chunks
     if schedule == "naive":
         return f"(p−1)/p = {p - 1}/{p}", Fraction(p - 1, p)

@@ -8,7 +8,7 @@ Per micro-batch and layer on the busiest stage (Narayanan et al. 2021, §3): **c
 one forward ("full") or the attention core ("selective"). **tp**: 2 all-reduces of b·s/c·h bf16 per pass, exposed;
 **cp**: all-gathers of K and V, a reduce-scatter of their gradients (Llama 3); **ep**: 2 all-to-alls per pass;
 **pp**: the boundary activations, per chunk. The pipeline adds (p−1)/v busiest micro-batches (1F1B, interleaved)
-or (p−1)/3 (ZB-H1, Qi et al. 2023). **dp**: gradients reduced (ZeRO: reduce-scatter + all-gather; FSDP: per
+or (p−1)/3 (ZB-H1, Qi et al. 2024). **dp**: gradients reduced (ZeRO: reduce-scatter + all-gather; FSDP: per
 micro-batch), hidden behind the last backward (FSDP: each micro-batch) when the framework overlaps, what hides still
 costing a fitted fraction. **Optimizer**: 32 B of HBM traffic per owned parameter. Links: NVLink inside a node,
 the NIC across (`Layout.block`), α `traffic.LATENCY`, β × fitted link efficiency.
