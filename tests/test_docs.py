@@ -16,7 +16,10 @@ README = ROOT / "README.md"
 PRIVATE = ("DESIGN" + ".md", "STYLE" + ".md")
 LEARNER_DIRS = ("partrain_edu", "benchmarks", "tests", "notebooks", "exercises", "solutions")
 ROW = re.compile(r"^\| ([AB]\d+) \| (.+?) \| (.+?) \| (.*?) \|$")
-NOTEBOOK_PLACE = re.compile(r"^\[(?P<name>[\w.-]+\.ipynb)\]\(\.\./notebooks/(?P=name)\) › (?P<heading>#{1,3} .+)$")
+# A place: a notebook and the heading of the section that shows the claim, then " (prose)" where that section
+# shows it in text only, then " — what it shows" where it shows only part of the claim. No heading holds " — ".
+NOTEBOOK_PLACE = re.compile(r"^\[(?P<name>[\w.-]+\.ipynb)\]\(\.\./notebooks/(?P=name)\) › (?P<heading>#{1,3} .+?)"
+                            r"(?P<prose> \(prose\))?(?: — (?P<part>[^—]*\w[^—]*))?$")
 OTHER_PLACE = re.compile(r"^(module|command) `[^`]+`$")
 MAX_NOT_SHOWN = 5
 
@@ -25,10 +28,16 @@ def claim_rows():
     return [ROW.match(line).groups() for line in NOTES.read_text().splitlines() if ROW.match(line)]
 
 
-def markdown_headings(path: Path) -> set[str]:
-    """Every `#`/`##`/`###` heading line of the notebook's markdown cells (lines inside ``` fences excluded)."""
-    found = set()
+def notebook_sections(path: Path) -> dict[str, bool]:
+    """Every `#`/`##`/`###` heading line of the notebook's markdown cells (lines inside ``` fences excluded), and
+    whether its section holds a code cell. A `##` or `###` section runs to the next heading of its level or above;
+    the title's (`#`) to the first heading after it: the notebook's introduction."""
+    sections, open_ = {}, []
     for cell in json.loads(path.read_text())["cells"]:
+        if cell["cell_type"] == "code":
+            for heading in open_:
+                sections[heading] = True
+            continue
         if cell["cell_type"] != "markdown":
             continue
         fenced = False
@@ -36,8 +45,15 @@ def markdown_headings(path: Path) -> set[str]:
             if line.lstrip().startswith("```"):
                 fenced = not fenced
             elif not fenced and re.match(r"#{1,3} ", line):
-                found.add(line.rstrip())
-    return found
+                heading, level = line.rstrip(), len(line) - len(line.lstrip("#"))
+                open_ = [h for h in open_ if 1 < len(h) - len(h.lstrip("#")) < level] + [heading]
+                sections.setdefault(heading, False)
+    return sections
+
+
+def markdown_headings(path: Path) -> set[str]:
+    """Every `#`/`##`/`###` heading line of the notebook's markdown cells (lines inside ``` fences excluded)."""
+    return set(notebook_sections(path))
 
 
 def test_the_claims_page_lists_every_claim_once():
@@ -74,6 +90,37 @@ def test_every_cited_notebook_section_exists():
     assert not wrong, "\n".join(wrong)
 
 
+def notebook_places():
+    """(claim id, the place's match) for every notebook place of the claims page."""
+    return [(cid, match) for cid, _, where, _ in claim_rows() for place in where.split("<br>")
+            if (match := NOTEBOOK_PLACE.match(place.strip()))]
+
+
+def test_a_section_without_code_is_marked_prose():
+    sections, unmarked = {}, []
+    for cid, match in notebook_places():
+        path = ROOT / "notebooks" / match["name"]
+        if path.exists() and path not in sections:
+            sections[path] = notebook_sections(path)
+        if sections.get(path, {}).get(match["heading"]) is False and not match["prose"]:
+            unmarked.append(f"{cid}: {path.name} › {match['heading']}")
+    assert not unmarked, f"these sections hold no code cell, so they show the claim in prose: mark them (prose): {unmarked}"
+
+
+def test_the_intro_counts_the_claims_shown_by_prose_alone():
+    rows = [(cid, [NOTEBOOK_PLACE.match(p.strip()) for p in where.split("<br>")]) for cid, _, where, _ in claim_rows()]
+    prose_only = sorted(cid for cid, places in rows if places and all(m is not None and m["prose"] for m in places))
+    stated = re.search(r"(\d+) claims are shown by prose alone", NOTES.read_text())
+    assert stated, "the intro should say how many claims are shown by prose alone"
+    assert int(stated[1]) == len(prose_only), f"the intro says {stated[1]}; by prose alone: {prose_only}"
+
+
+def test_every_notebook_is_cited_by_a_cell():
+    cited = {match["name"] for _, match in notebook_places() if not match["prose"]}
+    uncited = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb") if p.name not in cited)
+    assert not uncited, f"no claim cites a section of: {uncited}"
+
+
 def test_every_cited_module_exists():
     text = NOTES.read_text() + CLI_DOC.read_text()
     paths = set(re.findall(r"`((?:partrain_edu|benchmarks|tests|notebooks|exercises|solutions)/[\w./-]*)`", text))
@@ -84,7 +131,18 @@ def test_every_cited_module_exists():
 
 def test_the_disagreements_have_verdicts():
     numbers = {int(n) for _, _, _, verdict in claim_rows() for n in re.findall(r"#(\d+)", verdict)}
-    assert numbers == set(range(1, 14)), f"disagreements with a verdict: {sorted(numbers)}"
+    assert numbers == set(range(1, 15)), f"disagreements with a verdict: {sorted(numbers)}"
+
+
+def test_the_tally_of_disagreements_agrees_with_the_list():
+    text = NOTES.read_text()
+    stated = re.search(r"filled in for the (\d+) places", text)
+    summed = re.search(r"The (\d+) disagreements, numbered", text)
+    listed = re.findall(r"^(\d+)\. \*\*", text.split("## Where the notes are wrong or imprecise")[1], re.M)
+    numbers = {int(n) for _, _, _, verdict in claim_rows() for n in re.findall(r"#(\d+)", verdict)}
+    assert stated and summed, "the intro and the list should each state the number of disagreements"
+    assert int(stated[1]) == int(summed[1]) == len(numbers), (stated[1], summed[1], sorted(numbers))
+    assert [int(n) for n in listed] == sorted(numbers), f"the numbered list: {listed}"
 
 
 def test_the_claims_page_does_not_point_at_the_notes_themselves():
