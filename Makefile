@@ -19,13 +19,19 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 
 install: $(STAMP)
 
-# Re-installs only when pyproject.toml changed: seconds when everything is up to date.
+# Re-installs only when pyproject.toml changed: seconds when everything is up to date. Each phase says in one
+# line what it does; pip's own output goes to $(VENV)/pip.log. `make install VENV=/tmp/v` sets up elsewhere.
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev]" > $(VENV)/pip.log 2>&1 \
-		|| { cat $(VENV)/pip.log; exit 1; }
-	$(BIN)/python -c "import torch, partrain_edu; assert torch.__version__.startswith('2.13.0'), torch.__version__"
-	touch $(STAMP)
+	@test -x $(BIN)/python || { echo "install: creating the virtual environment $(VENV)/ ($(PYTHON) -m venv)"; \
+		$(PYTHON) -m venv $(VENV); }
+	@echo "install: installing PyTorch 2.13.0 and the course's packages into $(VENV)/ (about 380 MB to fetch,"
+	@echo "         3-8 minutes on 2 cores); pip's log: $(VENV)/pip.log (tail -f it to watch)"
+	@$(BIN)/python -m pip install --disable-pip-version-check -e ".[dev]" > $(VENV)/pip.log 2>&1 \
+		|| { tail -n 40 $(VENV)/pip.log; echo "install: pip failed; its whole log is $(VENV)/pip.log"; exit 1; }
+	@echo "install: checking that torch 2.13.0 and partrain_edu import"
+	@$(BIN)/python -c "import torch, partrain_edu; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	@touch $(STAMP)
+	@echo "install: done ($(VENV)/ is ready; later runs skip this until pyproject.toml changes)"
 
 # Opens the workspace, created on first use; each time it also brings in what the course added or changed,
 # except where the learner changed their copy (named, and left alone).
@@ -41,11 +47,19 @@ refresh: install
 test: install browser
 	$(BIN)/python -m pytest tests notebooks $(NBVAL) -n 2 --dist loadfile --durations=25
 
-# The browser test drives Debian's Chromium (Playwright's own browser download is not used). Installed with apt
-# only when missing: nothing to do, and no network, when /usr/bin/chromium is there.
+# The browser test drives Debian's Chromium (Playwright's own browser download is not used), and the notebooks'
+# Chinese terms need a CJK font there (fonts-noto-cjk; without one each character is an empty box). Each is
+# installed with apt only when missing: nothing to do, and no network, when /usr/bin/chromium is there and
+# `fc-list :lang=zh` lists a font (fc-list is Debian's fontconfig, installed with the font when absent).
 browser:
-	@test -x /usr/bin/chromium || { if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium; }
+	@missing=; test -x /usr/bin/chromium || missing=" chromium"; \
+	command -v fc-list >/dev/null || missing="$$missing fontconfig"; \
+	fc-list :lang=zh 2>/dev/null | grep -q . || missing="$$missing fonts-noto-cjk"; \
+	if [ -n "$$missing" ]; then \
+		echo "browser: installing$$missing with apt (for tests/test_browser_playground.py)"; \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $$missing; \
+	fi
 
 # Re-execute every notebook in place (they are committed with outputs; nbval compares them in `make test`).
 notebooks: install

@@ -1,10 +1,12 @@
 """The playground in a real browser: JupyterLab started here, Debian's Chromium driven by Playwright.
 
 Runs every cell of notebooks/09_playground.ipynb in the page, checks that each widget rendered (its controls
-and its figure are in the DOM), clicks the memory widget's ZeRO-3 button and its dp slider
-and checks that each figure and sentence changed.
-Screenshots go to tests/artifacts/browser/ (git-ignored). `make test` installs /usr/bin/chromium with apt when
-it is missing; Playwright's own browser download is not used.
+and its figure are in the DOM) and is laid out readably (no label cut short, no slider under 100 px, no two
+controls overlapping or touching), clicks the memory widget's ZeRO-3 button and its dp slider
+and checks that each figure and sentence changed. The notebook's Chinese terms must be drawn as glyphs, not as
+the empty boxes of a system without a CJK font.
+Screenshots go to tests/artifacts/browser/ (git-ignored). `make test` installs /usr/bin/chromium and the CJK
+font (fonts-noto-cjk) with apt when they are missing; Playwright's own browser download is not used.
 
 The notebook is copied (outputs cleared) into a temporary folder that JupyterLab serves, so the page can only
 show what the live kernel drew, and autosave never touches the committed notebook.
@@ -57,6 +59,9 @@ def api(url: str, method: str = "GET") -> tuple[int, bytes]:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """A JupyterLab server on a free loopback port with a token, serving a fresh copy of the playground."""
+    if ARTIFACTS.exists():  # this run's screenshots only
+        shutil.rmtree(ARTIFACTS)
+    ARTIFACTS.mkdir(parents=True)
     root = tmp_path_factory.mktemp("partrain_lab")
     (root / "notebooks").mkdir()
     notebook = json.loads((REPO / "notebooks" / "09_playground.ipynb").read_text())
@@ -110,12 +115,113 @@ def lab(tmp_path_factory):
         log.close()
 
 
+# Draws each character of a rendered Chinese term on a canvas in the markdown's own font (the page's fallback
+# chain, as the text itself is drawn) and returns a fingerprint per character: without a CJK font every
+# character is the same missing-glyph box, so the fingerprints are all equal, and equal to a codepoint no font
+# has (U+0378, unassigned).
+GLYPHS_JS = """(term) => {
+    const cell = Array.from(document.querySelectorAll('.jp-RenderedMarkdown'))
+        .find(e => e.textContent.includes(term));
+    if (!cell) return null;
+    const font = getComputedStyle(cell).fontFamily;
+    const canvas = document.createElement('canvas');
+    canvas.width = canvas.height = 48;
+    const ctx = canvas.getContext('2d', {willReadFrequently: true});
+    const print = (ch) => {
+        ctx.clearRect(0, 0, 48, 48);
+        ctx.font = `32px ${font}`;
+        ctx.fillText(ch, 4, 36);
+        const data = ctx.getImageData(0, 0, 48, 48).data;
+        let inked = 0, hash = 0;
+        for (let i = 3; i < data.length; i += 4) {
+            if (data[i]) inked += 1;
+            hash = (hash * 31 + data[i]) | 0;
+        }
+        return inked + ':' + hash;
+    };
+    return {font, glyphs: Array.from(term).map(print), missing: print('\\u0378')};
+}"""
+
+
+# A widget's controls as laid out in the page: each row's controls (a slider, a drop-down, a label with its
+# buttons), and the parts of each (its label, track, read-out, buttons, select box) with their boxes; a label
+# whose text is cut ("InfiniBa…") has a scrollWidth wider than its clientWidth.
+LAYOUT_JS = """(name) => {
+    const root = document.querySelector('.partrain-' + name);
+    const box = (e) => { const r = e.getBoundingClientRect();
+                         return {left: r.left, right: r.right, top: r.top, bottom: r.bottom, width: r.width}; };
+    const shown = (e) => e.getBoundingClientRect().width > 0;
+    const rows = Array.from(root.querySelectorAll('.widget-hbox'))
+        .filter(r => getComputedStyle(r).flexWrap === 'wrap');
+    const controls = rows.flatMap(row => Array.from(row.children).filter(shown));
+    const parts = controls.flatMap((control, i) => Array.from(control.querySelectorAll(
+            '.widget-label, .widget-label-basic, .widget-readout, .slider-container, select, button'))
+        .filter(shown).map(e => ({
+            control: i, kind: e.matches('.slider-container') ? 'slider' : e.tagName.toLowerCase(),
+            text: (e.tagName === 'SELECT' ? e.value : e.textContent || '').trim(),
+            cut: e.scrollWidth > e.clientWidth, ...box(e)})));
+    return {controls: controls.length, parts};
+}"""
+
+
+SLIDER_MIN_PX = 100  # a slider narrower than this is hard to set to one value
+
+
+def overlaps(a: dict, b: dict, gap: float = 0.0) -> bool:
+    """Whether two boxes intersect, or come closer than `gap` pixels side by side on the same line."""
+    return (a["left"] < b["right"] + gap and b["left"] < a["right"] + gap
+            and a["top"] < b["bottom"] and b["top"] < a["bottom"])
+
+
+def layout_problems(name: str, layout: dict) -> list[str]:
+    """What is wrong with a widget's controls: a cut label, a slider narrower than 100 px, two controls' parts
+    overlapping or touching (closer than 4 px side by side)."""
+    parts, problems = layout["parts"], []
+    if layout["controls"] < 2 or not parts:
+        problems.append(f"{name}: controls not found: {layout}")
+    cut = [p["text"] for p in parts if p["cut"] and p["kind"] != "select"]
+    if cut:
+        problems.append(f"{name}: labels cut short: {cut}")
+    least = SLIDER_MIN_PX
+    narrow = [f"slider {p['width']:.0f} px" for p in parts if p["kind"] == "slider" and p["width"] < least]
+    if narrow:
+        problems.append(f"{name}: sliders narrower than {least} px: {narrow}")
+    clashes = [(a["text"] or a["kind"], b["text"] or b["kind"]) for i, a in enumerate(parts) for b in parts[i + 1:]
+               if a["control"] != b["control"] and overlaps(a, b, gap=4)]
+    if clashes:
+        problems.append(f"{name}: controls overlapping or closer than 4 px: {clashes}")
+    return problems
+
+
+def test_chinese_terms_render_as_glyphs_not_boxes(lab):
+    """The notebooks quote the source notes' Chinese terms; without a CJK font (Debian: fonts-noto-cjk, which
+    `make browser` installs) Chromium draws each as the same empty box."""
+    from playwright.sync_api import sync_playwright
+
+    term = "显存墙"  # in the playground's first markdown cell
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{lab['base']}/lab/tree/notebooks/09_playground.ipynb?token={lab['token']}")
+            page.wait_for_function(f"() => Array.from(document.querySelectorAll('.jp-RenderedMarkdown'))"
+                                   f".some(e => e.textContent.includes('{term}'))",
+                                   timeout=START_S * 1000, polling=500)
+            page.evaluate("document.fonts.ready")
+            seen = page.evaluate(GLYPHS_JS, term)
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.locator(".jp-RenderedMarkdown").first.screenshot(path=str(ARTIFACTS / "chinese_terms.png"))
+        finally:
+            browser.close()
+    inked = [int(g.split(":")[0]) for g in seen["glyphs"]]
+    assert all(n > 0 for n in inked), seen  # every character drew something
+    assert len(set(seen["glyphs"])) == len(term), f"the same glyph for different characters (boxes): {seen}"
+    assert seen["missing"] not in seen["glyphs"], f"drawn as the missing-glyph box: {seen}"
+
+
 def test_playground_widgets_render_and_respond_in_chromium(lab):
     from playwright.sync_api import sync_playwright
 
-    if ARTIFACTS.exists():
-        shutil.rmtree(ARTIFACTS)
-    ARTIFACTS.mkdir(parents=True)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
@@ -142,6 +248,7 @@ def test_playground_widgets_render_and_respond_in_chromium(lab):
                         .filter(o => o.output_type === 'error').map(o => o.ename + ': ' + o.evalue)""")
             assert errors == []
 
+            layouts = {}
             for name in WIDGETS:
                 widget = page.locator(f".partrain-{name}")
                 widget.wait_for(state="attached", timeout=REDRAW_S * 1000)
@@ -152,6 +259,11 @@ def test_playground_widgets_render_and_respond_in_chromium(lab):
                 assert figure.get_attribute("src").startswith("data:image/png")
                 widget.scroll_into_view_if_needed()
                 widget.screenshot(path=str(ARTIFACTS / f"{name}_widget.png"))
+                layouts[name] = page.evaluate(LAYOUT_JS, name)
+
+            # each widget's controls readable in a 1400 px wide window
+            problems = [p for name, layout in layouts.items() for p in layout_problems(name, layout)]
+            assert not problems, "\n".join(problems)
 
             memory = page.locator(".partrain-memory")
             assert "DDP needs 120.0 GB per device" in memory.inner_text()  # the opening view: 15 + 15 + 90 > 80
@@ -176,6 +288,7 @@ def test_playground_widgets_render_and_respond_in_chromium(lab):
             page.wait_for_function(
                 "() => document.querySelector('.partrain-memory').innerText.includes('ZeRO-3 fits: 1.9 GB')",
                 timeout=REDRAW_S * 1000, polling=250)  # the ZeRO paper's 1.9 GB at dp = 64
+            assert "ZeRO-1, ZeRO-2 and ZeRO-3 fit." in memory.inner_text()  # an English list, not "… and … and …"
             memory.screenshot(path=str(ARTIFACTS / "memory_widget_zero3_dp64.png"))
 
             # the fifth widget (communication/compute per axis) is checked rendered above; its redraw is

@@ -9,6 +9,7 @@ import tomllib
 import urllib.request
 import uuid
 
+import pytest
 import yaml
 
 from conftest import REPO
@@ -67,3 +68,52 @@ def test_make_lab_serves_the_learners_workspace_on_the_start_notebook(tmp_path):
                 break
             except subprocess.TimeoutExpired:
                 continue
+
+
+def _stub(path, body: str) -> None:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+
+
+def test_make_install_says_each_phase_and_where_pips_log_is(tmp_path):
+    """A fresh `make install` into another folder, with a stand-in Python that records what it is asked: one
+    line per phase (venv, pip with its log, the import check, done), pip's own output only in the log."""
+    calls, venv = tmp_path / "calls", tmp_path / "venv"
+    fake = f'echo "python $*" >> {calls}\n'
+    _stub(tmp_path / "python3", fake + 'if [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin" && cp "$0" "$3/bin/python"; '
+                                       'fi\nif [ "$1 $2" = "-m pip" ]; then echo "pip chatter"; fi\n')
+    done = subprocess.run(["make", "--no-print-directory", "install", f"VENV={venv}", f"PYTHON={tmp_path / 'python3'}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines if not line.startswith(" ")] == ["install"] * 4, lines
+    assert f"creating the virtual environment {venv}/" in lines[0]
+    assert "installing PyTorch 2.13.0" in lines[1] and f"pip's log: {venv}/pip.log" in done.stdout
+    assert "checking that torch 2.13.0 and partrain_edu import" in done.stdout and "done" in lines[-1]
+    assert "pip chatter" not in done.stdout and "pip chatter" in (venv / "pip.log").read_text()
+    asked = calls.read_text().splitlines()
+    assert asked[0] == f"python -m venv {venv}" and asked[1].startswith("python -m pip install")
+    assert (venv / ".partrain-installed").exists()
+    again = subprocess.run(["make", "--no-print-directory", "install", f"VENV={venv}"], cwd=REPO, capture_output=True,
+                           text=True, timeout=60)
+    assert again.returncode == 0 and "install:" not in again.stdout  # up to date: nothing to do, nothing said
+
+
+def test_make_browser_installs_chromium_and_a_cjk_font_only_when_missing(tmp_path):
+    """`make browser` asks apt for fonts-noto-cjk only when `fc-list :lang=zh` lists no font, and for nothing
+    (no network) when Chromium and the font are both there. apt, sudo and fc-list are stand-ins here."""
+    if not os.path.exists("/usr/bin/chromium"):
+        pytest.skip("the stand-ins cover the font; /usr/bin/chromium itself is tested in place")
+    calls = tmp_path / "calls"
+    _stub(tmp_path / "apt-get", f'echo "apt-get $*" >> {calls}\n')
+    _stub(tmp_path / "sudo", f'echo "sudo" >> {calls}\nexec "$@"\n')
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    for fonts, wanted in (("/usr/share/fonts/x.ttc: Noto Sans CJK SC:style=Regular\n", []),
+                          ("", ["apt-get update -qq", "apt-get install -y -qq fonts-noto-cjk"])):
+        _stub(tmp_path / "fc-list", f"printf '{fonts}'\n")
+        calls.write_text("")
+        done = subprocess.run(["make", "--no-print-directory", "browser"], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert [c for c in calls.read_text().splitlines() if c != "sudo"] == wanted
+        assert ("installing fonts-noto-cjk with apt" in done.stdout) == bool(wanted), done.stdout

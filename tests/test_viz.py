@@ -97,6 +97,18 @@ def test_memory_bars_equal_estimate_memory_when_controls_move():
     assert "ZeRO-3" in app.message and "fits" in app.message
 
 
+@pytest.mark.parametrize("device,dp,fitting", [
+    ("80 GB", 64, "ZeRO-1, ZeRO-2 and ZeRO-3 fit."),   # 31.4, 16.6 and 1.9 GB of 80; DDP's 120 does not
+    ("24 GB", 64, "ZeRO-2 and ZeRO-3 fit."),           # ZeRO-1's 31.4 GB does not fit in 24
+    ("24 GB", 8, "ZeRO-3 fits."),                      # 41.3, 28.1 and 15 GB
+])
+def test_memory_widget_names_the_stages_that_fit_as_an_english_list(device, dp, fitting):
+    app = memory_widget()
+    with app.batch():
+        app.controls["device"].value, app.controls["dp"].value = device, dp
+    assert app.message.endswith("; " + fitting), app.message
+
+
 def test_memory_widget_preset_fills_the_size_and_bad_values_show_a_message():
     app = memory_widget()
     app.controls["preset"].value = "175B (GPT-3)"

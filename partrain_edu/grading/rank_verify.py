@@ -33,14 +33,16 @@ COLLECTIVES = {"all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gat
           "neighbours disagree on a chunk's size (use the same chunk boundaries on every rank).")
 def ring_all_reduce(me: int, n: int, observed: Reader) -> list[str]:
     for numel, run in zip(inputs.RING_LENGTHS, observed.items(len(inputs.RING_LENGTHS))):
-        mine = inputs.ring_input(numel, me)
-        expected = torch.stack([inputs.ring_input(numel, r) for r in range(n)]).sum(0)
+        given = [inputs.ring_input(numel, r) for r in range(n)]
+        mine, expected = given[me], torch.stack(given).sum(0)
         got = run["out"].tensor()
         problem = differ(f"length {numel} on {n} ranks", expected, got)
         if problem:
-            return [problem + ring_diagnosis(expected, got, n) + " Hint: rank r sends chunk (r − s − 1) mod n and "
+            diagnosis, scaled = ring_diagnosis(expected, got, given, me)
+            return [problem + diagnosis + ("" if scaled else " Hint: rank r sends chunk (r − s − 1) mod n and "
                     "adds the one it receives in reduce-scatter step s, then forwards chunk (r − s) mod n in "
-                    "all-gather step s; chunk boundaries must match on every rank (first numel % n chunks one longer)."]
+                    "all-gather step s; chunk boundaries must match on every rank (first numel % n chunks one "
+                    "longer).")]
         used = sorted(set(run["ops"].counts()) & COLLECTIVES)
         if used:
             return [f"length {numel}: you called {used}; build the all-reduce from isend/irecv (send/recv) only"]
@@ -61,23 +63,36 @@ def ring_all_reduce(me: int, n: int, observed: Reader) -> list[str]:
     return []
 
 
-def ring_diagnosis(expected: torch.Tensor, got, n: int) -> str:
-    """What the first wrong element holds, read from its 2^r tags (rank_inputs.ring_input): which ranks' values
-    it summed, and from which position."""
+def ring_diagnosis(expected: torch.Tensor, got, given: list[torch.Tensor], me: int) -> tuple[str, bool]:
+    """What the first wrong element holds, and whether the answer scaled rank `me`'s input. The element is read
+    as the sum of a set of ranks' inputs at one position (their 2^r tags, rank_inputs.ring_input) only when it is
+    exactly that sum of the inputs `given`; otherwise it is said to be no such sum: a ring only adds and moves
+    chunks, so something else changed it."""
     if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
-        return "."
+        return ".", False
     got, expected = got.double().reshape(-1), expected.double().reshape(-1)
     wrong = next((i for i in range(got.numel()) if abs(got[i] - expected[i]) > 1e-4), None)
     if wrong is None:
-        return "."
-    decoded = inputs.decode_ring_sum(float(got[wrong]))
-    if decoded is None:
-        return f". Element {wrong} is {float(got[wrong]):g}, which is no sum of the ranks' tagged values."
-    ranks, position = decoded
-    missing = sorted(set(range(n)) - ranks)
-    return (f". Element {wrong} holds the sum of rank(s) {sorted(ranks)}"
-            + (f" (rank(s) {missing} never added)" if missing else "")
-            + (f" of element {position}: a chunk landed in the wrong place" if position != wrong else "") + ".")
+        return ".", False
+    value, want = float(got[wrong]), float(expected[wrong])
+    scale = ratio_of(given[me].double().reshape(-1), got)
+    if scale is not None and abs(scale - 1) > 1e-3:
+        return (f". Element {wrong} holds {value:g}, which is no sum of the ranks' inputs (expected {want:g}): every "
+                f"element is {scale:g}× this rank's own input — each element must be added to the other ranks' "
+                "values, not scaled.", True)
+    n, decoded = len(given), inputs.decode_ring_sum(value)
+    if decoded is not None:
+        ranks, position = decoded
+        exact = (position < got.numel() and ranks <= set(range(n))
+                 and abs(sum(float(given[r].reshape(-1)[position]) for r in ranks) - value) < 1e-4)
+        if exact:
+            missing = sorted(set(range(n)) - ranks)
+            return (f". Element {wrong} holds the sum of rank(s) {sorted(ranks)}"
+                    + (f" (rank(s) {missing} never added)" if missing else "")
+                    + (f" of element {position}: a chunk landed in the wrong place" if position != wrong else "")
+                    + ".", False)
+    return (f". Element {wrong} holds {value:g}, which is no sum of the ranks' inputs (expected {want:g}): a ring "
+            "only adds received chunks and copies them, so something else changed this value.", False)
 
 
 @register("ddp_buckets", nproc=2, summary="after each backward every gradient is the average over ranks, "

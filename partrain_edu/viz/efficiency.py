@@ -140,22 +140,25 @@ def _drawer():
 def ratio_widget(hidden: int = 2048, layers: int = 24, seq: int = 2048, micro_batch: int = 4) -> WidgetApp:
     """Each axis's comm/compute ratio against its size, as the model, the batch, the device and the links change."""
     style = {"description_width": "initial"}
-    slider = dict(continuous_update=False, style=style)
+
+    def slider(options, value, description, width="300px"):
+        # the width holds the label, the read-out and a track of at least 100 px; the right margin keeps the
+        # read-out off the next control's label
+        return w.SelectionSlider(options=options, value=value, description=description, continuous_update=False,
+                                 style=style, layout=w.Layout(width=width, margin="2px 16px 2px 2px"))
+
     controls = {
-        "hidden": w.SelectionSlider(options=[2**k for k in range(9, 15)], value=hidden, description="hidden h",
-                                    **slider),
-        "layers": w.SelectionSlider(options=[8, 16, 24, 32, 48, 64, 96, 128], value=layers, description="layers",
-                                    **slider),
-        "seq": w.SelectionSlider(options=[2**k for k in range(9, 18)], value=seq, description="sequence s", **slider),
-        "micro_batch": w.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64], value=micro_batch,
-                                         description="sequences per micro-batch", **slider),
-        "microbatches": w.Dropdown(options=[1, 2, 4, 8, 16], value=1, description="micro-batches",
-                                   style=style, layout=w.Layout(width="170px")),
+        "hidden": slider([2**k for k in range(9, 15)], hidden, "hidden h"),
+        "layers": slider([8, 16, 24, 32, 48, 64, 96, 128], layers, "layers"),
+        "seq": slider([2**k for k in range(9, 18)], seq, "sequence s"),
+        "micro_batch": slider([1, 2, 4, 8, 16, 32, 64], micro_batch, "sequences per micro-batch", "400px"),
+        "microbatches": w.Dropdown(options=[1, 2, 4, 8, 16], value=1, description="micro-batches", style=style,
+                                   layout=w.Layout(width="170px", margin="2px 16px 2px 2px")),
         "device": toggles([("A100", "a100"), ("H100", "h100")], "h100", "device"),
         "between": toggles([("InfiniBand", "infiniband"), ("10 GbE", "10gbe"), ("NVLink", "nvlink")], "infiniband",
-                           "dp, fsdp, pp over", "84px"),
-        "inside": toggles([("NVLink", "nvlink"), ("InfiniBand", "infiniband")], "nvlink", "tp, cp over", "84px"),
-        "n": w.SelectionSlider(options=GROUP_SIZES, value=8, description="read at n", **slider),
+                           "dp, fsdp, pp over", "100px"),
+        "inside": toggles([("NVLink", "nvlink"), ("InfiniBand", "infiniband")], "nvlink", "tp, cp over", "100px"),
+        "n": slider(GROUP_SIZES, 8, "read at n"),
     }
     section = Section("Communication / compute per axis", _drawer(), tuple(controls),
                       [["hidden", "layers", "seq"], ["micro_batch", "microbatches", "n"],

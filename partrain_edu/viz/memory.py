@@ -133,6 +133,11 @@ def _gb(value: float) -> str:
     return format_bytes(value * 1e9).split()[0] if value >= 1 else f"{value:.2f}"
 
 
+def join_names(names: list[str]) -> str:
+    """An English list: "ZeRO-3", "ZeRO-2 and ZeRO-3", "ZeRO-1, ZeRO-2 and ZeRO-3"."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
 def fits_sentence(estimates: list[MemoryEstimate], selected: int, device_bytes: int, dp: int) -> str:
     """One sentence on what fits (and what to try when nothing does)."""
     total, name = estimates[selected].total_bytes, STAGE_NAMES[selected]
@@ -148,7 +153,7 @@ def fits_sentence(estimates: list[MemoryEstimate], selected: int, device_bytes: 
     elif len(fitting) == 4:
         hint = "every stage fits: plain DDP is enough (it also sends the least)"
     else:
-        hint = f"{' and '.join(fitting)} fit{'s' if len(fitting) == 1 else ''}"
+        hint = f"{join_names(fitting)} fit{'s' if len(fitting) == 1 else ''}"
     return f"{verdict}; {hint}."
 
 

@@ -10,7 +10,7 @@ activations each stage holds over time.
 and measurement are read the same way. Grey is idle time — the bubble. The bubble fraction is idle
 stage-time / (p × makespan), as in the simulator; for p stages and m micro-batches of equal cost it is
 (p−1)/(m+p−1) for GPipe and 1F1B (Huang et al. 2019; Narayanan et al. 2021), (p−1)/(v·m+p−1) interleaved
-over v chunks, and (p−1)(F+B−W) / (m(F+B+W) + (p−1)(F+B−W)) for ZB-H1 (Qi et al. 2023).
+over v chunks, and (p−1)(F+B−W) / (m(F+B+W) + (p−1)(F+B−W)) for ZB-H1 (Qi et al. 2024).
 """
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ def _draw(v: dict, painter: Layered | None = None) -> tuple:
 def pipeline_widget(stages: int = 4, microbatches: int = 8, schedule: str = "1f1b") -> WidgetApp:
     """Stages, micro-batches, schedule and costs → the simulated timeline (``partrain-edu pipeline``)."""
     style = {"description_width": "initial"}
-    slider = dict(continuous_update=False, style=style, layout=w.Layout(width="300px"))
+    slider = dict(continuous_update=False, style=style, layout=w.Layout(width="380px"))
     cost = dict(min=0.0, max=3.0, step=0.25, readout_format=".2f", **slider)
     controls = {
         "stages": w.IntSlider(stages, min=1, max=16, description="stages p", **slider),
