@@ -117,11 +117,12 @@ def check_arguments(nproc: int, timeout: Any, show_rank: int | None) -> float | 
 def torchrun(code_or_path: str | os.PathLike, nproc: int = 2, timeout: float | None = DEFAULT_RUN_TIMEOUT_S,
              args: Sequence[str] = (), *, module: str | None = None, backend: str | None = None,
              show_rank: int | None = None, echo: Callable[[int | None, str], None] | None = _print_echo,
-             env: dict[str, str] | None = None) -> TorchrunResult:
+             env: dict[str, str] | None = None, started: Callable[[int], None] | None = None) -> TorchrunResult:
     """Run a script (a path, or source code as a string) or `module=` on `nproc` ranks under torchrun.
 
     Returns a `TorchrunResult`; raises `TorchrunError` when any rank fails, or when the run takes longer than
     `timeout` seconds (default 300; None: no limit, a deadlock in a collective still ends after 60 s).
+    `started(k)` is told each time the number of ranks whose process has started grows (`status_line.py`).
     """
     timeout = check_arguments(nproc, timeout, show_rank)
     with tempfile.TemporaryDirectory(prefix="partrain_") as tmp:
@@ -156,7 +157,7 @@ def torchrun(code_or_path: str | os.PathLike, nproc: int = 2, timeout: float | N
             rank_env.setdefault(name, value)
         if backend is not None:
             rank_env[BACKEND_ENV] = backend
-        returncode, wall_s = _supervise(command, rank_env, run, timeout)
+        returncode, wall_s = _supervise(command, rank_env, run, timeout, started)
         if returncode != 0:
             raise failure(run, returncode)
         published = {}
@@ -166,7 +167,8 @@ def torchrun(code_or_path: str | os.PathLike, nproc: int = 2, timeout: float | N
         return TorchrunResult(returncode, run.texts(), published, wall_s, "\n".join(run.launcher))
 
 
-def _supervise(command: list[str], env: dict[str, str], run: _Run, timeout: float | None) -> tuple[int, float]:
+def _supervise(command: list[str], env: dict[str, str], run: _Run, timeout: float | None,
+               started: Callable[[int], None] | None = None) -> tuple[int, float]:
     """Start torchrun, route its merged output line by line, and stop everything on timeout or interrupt.
 
     It ends when torchrun exits, not when its output pipe closes: a child a rank left running may hold the pipe
@@ -184,12 +186,16 @@ def _supervise(command: list[str], env: dict[str, str], run: _Run, timeout: floa
     lines = _Lines(proc.stdout.fileno(), run.take)  # type: ignore[union-attr]
     deadline = None if timeout is None else start + timeout
     timed_out, mismatch, watch = False, None, _call_findings.Watch(run.run_dir, run.nproc)
+    up = 0
     try:
         while proc.poll() is None and not timed_out and mismatch is None:
             left = None if deadline is None else deadline - time.perf_counter()
             timed_out = left is not None and left <= 0
             lines.read(0.1 if left is None else max(0.0, min(0.1, left)))
             mismatch = watch.poll()  # ranks that wait in mismatched collectives wait for ever: stop them now
+            if started is not None and up < run.nproc and (now_up := len(run.ranks_with(".pid"))) > up:
+                up = now_up
+                started(up)
         _stop(proc, run)  # torchrun has exited, time is up or the ranks can never finish: what still runs must go
         lines.drain(KILL_GRACE_S)
     except KeyboardInterrupt:  # the stop button: one line for the learner, once every rank is gone

@@ -11,14 +11,19 @@ rank 0 `runtime.publish`ed into the notebook's variables. A bad option line is o
 
 Ranks print concurrently, so the order of their lines changes from run to run. While the cell runs, they appear
 live in arrival order; when it finishes, they are printed once more grouped by rank, so the saved notebook reads
-the same on every run (nbval compares it in CI). Outside a kernel, lines are printed as they arrive.
+the same on every run (nbval compares it in CI). Outside a kernel, lines are printed as they arrive. Below them
+a status line ("starting 4 ranks… 8 s", "4 ranks running — 12 s (limit 300 s)", `partrain_edu.status_line`) shows
+while the cell runs and leaves no data behind.
 """
 from __future__ import annotations
 
 import argparse
 import shlex
+import threading
 import time
 from typing import Any
+
+from partrain_edu.status_line import RankStatus, StatusLine, in_kernel
 
 USAGE = ("%%torchrun -n N [--timeout S|none] [--backend auto|gloo|nccl] [--device cpu|emulated:a100] [--rank R] "
          "[-- script args]")
@@ -91,9 +96,11 @@ def run_cell_magic(line: str, cell: str, user_ns: dict[str, Any]):
     except ValueError as error:
         raise MagicUsageError(f"%%torchrun: {error}") from None
     live = LiveOutput(show_rank=options.rank)
-    try:
-        result = torchrun(cell, nproc=options.nproc, timeout=timeout, args=script_args, backend=options.backend,
-                          show_rank=options.rank, echo=live.line, env=_device_env(options.device))
+    try:  # below the ranks' lines, "starting 4 ranks… 8 s" then "4 ranks running — 12 s (limit 300 s)"
+        with RankStatus(options.nproc, timeout, tick=live.flush) as status:
+            result = torchrun(cell, nproc=options.nproc, timeout=timeout, args=script_args, backend=options.backend,
+                              show_rank=options.rank, echo=status.around(live.line), env=_device_env(options.device),
+                              started=status.started)
     except (TorchrunError, TorchrunInterrupted) as error:   # the live area becomes the ranks' grouped output
         live.finish(error.outputs)
         raise
@@ -131,8 +138,11 @@ def run_dist_magic(line: str, cell: str | None, user_ns: dict[str, Any]):
     except ValueError as error:
         raise MagicUsageError(f"%%dist: {error}") from None
     live = LiveOutput(show_rank=options.rank)
+    running = "{n} warm ranks" if options.rank is None else f"warm rank {options.rank}"
     try:
-        result = _pool.run(cell, rank=options.rank, timeout=timeout, echo=live.line)
+        with RankStatus(_pool.nproc, _pool.timeout if timeout == "pool" else timeout, up=_pool.nproc,
+                        running=running + " running — {s} s ({limit})", tick=live.flush) as status:
+            result = _pool.run(cell, rank=options.rank, timeout=timeout, echo=status.around(live.line))
     except (DistError, DistInterrupted) as error:
         live.finish(error.outputs)
         raise
@@ -177,10 +187,15 @@ def _dist_command(line: str):
     except ValueError as error:
         raise MagicUsageError(f"%dist: {error}") from None
     if previous is not None:
-        previous.stop()
+        with StatusLine(lambda s: f"stopping the {previous.nproc} warm ranks… {int(s)} s"):
+            previous.stop()
     _pool, live = None, LiveOutput()
     try:
-        _pool = Pool(nproc, backend=backend, timeout=timeout, env=env, echo=live.line)
+        with RankStatus(nproc, timeout, starting="starting {n} warm ranks… {s} s{up}",
+                        running="starting {n} warm ranks… {s} s (all up, setting up torch.distributed)",
+                        tick=live.flush) as status:
+            _pool = Pool(nproc, backend=backend, timeout=timeout, env=env, echo=status.around(live.line),
+                         started=status.started)
     except DistError as error:
         live.finish(error.outputs)
         raise
@@ -224,22 +239,13 @@ def load_ipython_extension(ipython) -> None:
     ipython.register_magic_function(dist_magic, magic_kind="line_cell", magic_name="dist")
 
 
-def _in_kernel() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
-
-
 class LiveOutput:
     REFRESH_S = 0.2  # redraw the live area at most 5 times a second: cheap for the browser
 
     def __init__(self, show_rank: int | None = None):
-        self.show_rank, self.lines, self.last_draw = show_rank, [], 0.0
-        self.handle = None
-        if _in_kernel():
+        self.show_rank, self.lines, self.last_draw, self.drawn = show_rank, [], 0.0, 0
+        self.handle, self.lock = None, threading.Lock()  # `flush` comes from the status line's thread
+        if in_kernel():
             from IPython.display import display
 
             self.handle = display({"text/plain": ""}, raw=True, display_id=True)
@@ -249,17 +255,28 @@ class LiveOutput:
         if self.handle is None:
             print(entry, flush=True)
             return
-        self.lines.append(entry)
-        now = time.monotonic()
-        if now - self.last_draw >= self.REFRESH_S:
-            self.handle.update({"text/plain": "\n".join(self.lines[-200:])}, raw=True)
-            self.last_draw = now
+        with self.lock:
+            self.lines.append(entry)
+            if time.monotonic() - self.last_draw >= self.REFRESH_S:
+                self._draw()
+
+    def flush(self) -> None:
+        """Draw the lines that came too soon after the last drawing (called every second while the cell runs)."""
+        with self.lock:
+            if self.handle is not None and self.drawn < len(self.lines):
+                self._draw()
+
+    def _draw(self) -> None:
+        self.handle.update({"text/plain": "\n".join(self.lines[-200:])}, raw=True)
+        self.last_draw, self.drawn = time.monotonic(), len(self.lines)
 
     def finish(self, outputs: dict[int, str]) -> None:
         """Replace the live area with every rank's output, rank by rank."""
         if self.handle is None:
             return
-        self.handle.update({"text/plain": ""}, raw=True)
+        with self.lock:
+            self.handle.update({"text/plain": ""}, raw=True)
+            self.drawn = len(self.lines)
         grouped = [f"[rank {rank}] {line}" for rank, text in sorted(outputs.items())
                    if self.show_rank is None or rank == self.show_rank
                    for line in text.rstrip("\n").split("\n")]

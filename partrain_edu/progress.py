@@ -7,39 +7,33 @@ In a terminal it is tqdm on stderr, shown only once a run has taken DELAY_S seco
 only when stderr is a terminal (logs and pytest stay clean). In a notebook kernel it is a display that shows a
 bar after DELAY_S seconds and is emptied when the run ends: the saved notebook keeps an output with no data at
 all, the same on every run, which nbval does not even see (it compares data) - so the committed outputs stay
-the same whether the run took 3 s or 3 minutes, and notebooks saved before this bar existed still pass.
+the same whether the run took 3 s or 3 minutes, and notebooks saved before this bar existed still pass. That
+display and the thread that redraws it every second are `status_line.Ticker`, shared with the ranks' status line.
 """
 from __future__ import annotations
 
 import html
 import sys
-import threading
 import time
 
 from tqdm import tqdm
 
+from partrain_edu.status_line import Ticker
+
 DELAY_S = 5.0  # runs shorter than this show nothing
-TICK_S = 1.0  # redraw this often between steps: the time spent keeps moving while the ranks start
-
-
-def _in_kernel() -> bool:
-    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
-    return type(shell).__name__ == "ZMQInteractiveShell"
 
 
 class StepProgress:
     def __init__(self, total: int, label: str):
         self.total, self.label, self.start, self.done = total, label, time.monotonic(), 0
         self.first_step_at: float | None = None  # the first step also pays for starting the ranks
-        self.handle = self.bar = None
-        if _in_kernel():
-            from IPython.display import display
-
-            self.handle = display({}, raw=True, display_id=True)  # empty until the run has taken DELAY_S
-        else:
+        self.bar = None
+        # In a kernel, the display (status_line.py), empty until DELAY_S; elsewhere tqdm. Either is redrawn every
+        # second: the time spent keeps moving while the ranks start.
+        self.ticker = Ticker(self._draw, terminal=False)
+        if self.ticker.handle is None:
             self.bar = tqdm(total=total, desc=label, unit="step", file=sys.stderr, delay=DELAY_S, disable=None)
-        self.lock, self.closed = threading.Lock(), threading.Event()
-        threading.Thread(target=self._tick, name="partrain-progress", daemon=True).start()
+        self.ticker.start()
 
     def __enter__(self) -> StepProgress:
         return self
@@ -49,7 +43,7 @@ class StepProgress:
 
     def step(self, done: int) -> None:
         """`done` steps of `total` have finished."""
-        with self.lock:
+        with self.ticker.lock:
             now = time.monotonic()
             if self.first_step_at is None:
                 self.first_step_at = now
@@ -59,17 +53,11 @@ class StepProgress:
             self._draw(now)
 
     def close(self) -> None:
-        self.closed.set()
-        with self.lock:
-            self._end()
-
-    def _end(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-        if self.handle is not None:
-            self.handle.update({}, raw=True)  # no data: nothing on screen, nothing that differs between runs
-            self.handle = None
+        self.ticker.close()  # the display emptied: no data, nothing that differs between runs
+        with self.ticker.lock:
+            if self.bar is not None:
+                self.bar.close()
+                self.bar = None
 
     def text(self, now: float) -> str:
         """"ddp on 4 ranks: 7/20 steps, 00:09 spent, about 00:13 left" (or "starting" before the first step)."""
@@ -82,17 +70,12 @@ class StepProgress:
             left = f", about {tqdm.format_interval(per_step * (self.total - self.done))} left"
         return f"{self.label}: {self.done}/{self.total} steps, {spent} spent{left}"
 
-    def _tick(self) -> None:
-        while not self.closed.wait(TICK_S):
-            with self.lock:
-                self._draw(time.monotonic())
-
-    def _draw(self, now: float) -> None:
-        if now - self.start < DELAY_S:
+    def _draw(self, now: float) -> None:  # with the ticker's lock held
+        if now - self.start < DELAY_S or self.ticker.closed.is_set():
             return
         if self.bar is not None:
             self.bar.refresh()  # tqdm redraws only on updates: keep its clock running between steps
-        if self.handle is not None:
+        if self.ticker.handle is not None:
             text = self.text(now)
             bar = f'<progress value="{self.done}" max="{self.total}" style="width: 12em"></progress>'
-            self.handle.update({"text/plain": text, "text/html": f"{bar} {html.escape(text)}"}, raw=True)
+            self.ticker.show(text, f"{bar} {html.escape(text)}")

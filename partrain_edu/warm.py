@@ -56,10 +56,12 @@ class Pool:
     """`nproc` warm ranks. `timeout`: each cell's default limit in seconds (None: none); see the module's doc."""
 
     def __init__(self, nproc: int = 2, *, backend: str | None = None, timeout: float | None = DEFAULT_RUN_TIMEOUT_S,
-                 env: dict[str, str] | None = None, echo: Callable[[int | None, str], None] | None = _print_echo):
+                 env: dict[str, str] | None = None, echo: Callable[[int | None, str], None] | None = _print_echo,
+                 started: Callable[[int], None] | None = None):
         self.timeout = check_arguments(nproc, timeout, None)
         self.nproc, self.requested_backend, self.env = nproc, backend, dict(env or {})
         self.echo = echo or (lambda rank, text: None)
+        self.started = started  # told how many ranks are up (said hello) while they start; `status_line.py`
         self.up, self.backend, self.cells_run, self._link = False, "", 0, None
         self.start()
 
@@ -119,6 +121,8 @@ class Pool:
                 raise DistError(f"the ranks were not up within {self.timeout:g} s", None, {}, timed_out=True,
                                 pool_stopped=True)
             link.pump(0.05)
+            if self.started is not None:
+                self.started(len(link.pids))
         link.stop_listening()
 
     def run(self, code: str, rank: int | None = None, timeout: Any = "pool",

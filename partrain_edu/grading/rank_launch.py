@@ -23,13 +23,17 @@ RANK_CODE = "from partrain_edu.grading.rank_observe import main\nmain()\n"
 def observe_on_ranks(spec, sources: list[Source], timeout: float) -> str:
     """The published JSON text of check `spec` run on `spec.nproc` ranks with the learner's `sources`."""
     from partrain_edu.launch import TorchrunError, torchrun
+    from partrain_edu.status_line import RankStatus
 
     with tempfile.TemporaryDirectory(prefix="partrain_check_") as tmp:
         job = Path(tmp) / "job.json"
         job.write_text(json.dumps({"check": spec.name, "sources": [s.text for s in sources],
                                    "names": [s.name for s in sources]}))
-        try:
-            result = torchrun(RANK_CODE, nproc=spec.nproc, timeout=timeout, args=[str(job)], echo=None)
+        try:  # in a notebook, a line while it waits: "check: waiting for 4 ranks (23 s, limit 60 s)"
+            with RankStatus(spec.nproc, timeout, starting="check: starting {n} ranks… {s} s{up}",
+                            running="check: waiting for {n} ranks ({s} s, {limit})") as status:
+                result = torchrun(RANK_CODE, nproc=spec.nproc, timeout=timeout, args=[str(job)], echo=None,
+                                  started=status.started)
         except TorchrunError as err:
             raise LearnerError(explain_failure(err, spec, timeout, sources)) from None
     text = result.published.get("observations")

@@ -1,0 +1,140 @@
+"""The live line while ranks start and while a cell waits (status_line.py): what it says in each phase; in a
+notebook kernel (faked here: a display that records its updates) it appears once a run outlasts the delay and
+is emptied when the cell ends, for `%%torchrun` and for a check stuck in a deadlock; outside a kernel stdout is
+unchanged and only a terminal's stderr gets the line; its thread never outlives the cell."""
+import io
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from partrain_edu import notebook, status_line
+from partrain_edu.grading import run_check
+from partrain_edu.launch import run_cell_magic
+from partrain_edu.status_line import RankStatus, StatusLine
+
+
+class _Handle:
+    def __init__(self, data: dict):
+        self.updates = [dict(data)]
+
+    def update(self, data: dict, raw: bool = False) -> None:
+        self.updates.append(dict(data))
+
+    def texts(self) -> list[str]:
+        return [u.get("text/plain", "") for u in self.updates]
+
+
+@pytest.fixture
+def kernel(monkeypatch) -> list[_Handle]:
+    """A fake notebook kernel: every display made is recorded, with all its updates. A short delay and tick."""
+    handles: list[_Handle] = []
+
+    def display(data: dict, raw: bool = False, display_id: bool = False) -> _Handle:
+        handles.append(_Handle(data))
+        return handles[-1]
+
+    monkeypatch.setattr("IPython.display.display", display)
+    monkeypatch.setattr(status_line, "in_kernel", lambda: True)
+    monkeypatch.setattr(notebook, "in_kernel", lambda: True)
+    monkeypatch.setattr(status_line, "DELAY_S", 0.5)
+    monkeypatch.setattr(status_line, "TICK_S", 0.2)
+    return handles
+
+
+def live_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "partrain-live-line"]
+
+
+def test_the_line_says_starting_until_every_rank_is_up_then_running():
+    status = RankStatus(4, 300)
+    status.close()
+    assert status.line(8.6) == "starting 4 ranks… 8 s"
+    status.started(2)
+    assert status.line(9.0) == "starting 4 ranks… 9 s (2 of 4 up)"
+    status.started(4)
+    assert status.line(12.2) == "4 ranks running — 12 s (limit 300 s)"
+    with RankStatus(2, None, up=2) as status:
+        assert status.line(3) == "2 ranks running — 3 s (no limit)"
+    assert live_threads() == []
+
+
+CELL = "import time\ntime.sleep(2)\nprint('slept')\n"
+
+
+@pytest.mark.timeout(120)
+def test_in_a_kernel_a_torchrun_cell_shows_the_line_live_and_leaves_it_empty(kernel, capsys):
+    run_cell_magic("-n 2 --timeout 90", CELL, {})
+    rank_output, status = kernel  # LiveOutput's display, then the status line's
+    texts = status.texts()
+    assert status.updates[0] == {} and status.updates[-1] == {}, status.updates  # the saved output: no data
+    assert any(t.startswith("starting 2 ranks… ") for t in texts), texts  # the agent imports torch: > 0.5 s
+    assert any(t.startswith("2 ranks running — ") and t.endswith(" s (limit 90 s)") for t in texts), texts
+    assert capsys.readouterr().out == "[rank 0] slept\n[rank 1] slept\n"  # as before: the ranks' grouped lines
+    assert live_threads() == []
+
+
+def ring_receive_first(tensor, group=None):
+    # every rank waits to receive before it sends: nobody ever sends
+    n, me = dist.get_world_size(group), dist.get_rank(group)
+    incoming = torch.empty_like(tensor)
+    dist.recv(incoming, src=(me - 1) % n)
+    dist.send(tensor, dst=(me + 1) % n)
+    return tensor
+
+
+@pytest.mark.timeout(120)
+def test_a_deadlocked_check_says_it_waits_then_gives_its_verdict(kernel):
+    result = run_check("ring_all_reduce", ring_receive_first, timeout=8)
+    assert "timed out (limit 8 s)" in result.message, result.message
+    [status] = kernel
+    texts = status.texts()
+    assert any(t.startswith("check: waiting for 3 ranks (") and t.endswith(" s, limit 8 s)") for t in texts), texts
+    assert status.updates[-1] == {}
+    assert live_threads() == []
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_outside_a_kernel_stdout_stays_as_it_was_and_only_a_terminal_gets_the_line(monkeypatch, capsys):
+    monkeypatch.setattr(status_line, "DELAY_S", 0.0)
+    monkeypatch.setattr(status_line, "TICK_S", 0.05)
+    for stream, shown in ((io.StringIO(), False), (_Terminal(), True)):
+        monkeypatch.setattr("sys.stderr", stream)
+        with StatusLine(lambda s: "starting 2 ranks… 0 s") as line:
+            threading.Event().wait(0.3)
+            line.around(lambda rank, text: print(f"[rank {rank}] {text}"))(0, "hello")
+        assert capsys.readouterr().out == "[rank 0] hello\n"  # whole: the terminal line stepped aside
+        said = stream.getvalue()
+        assert ("\rstarting 2 ranks… 0 s\x1b[K" in said and said.endswith("\r\x1b[K")) == shown, repr(said)
+        assert said == "" or shown
+    assert live_threads() == []
+
+
+@pytest.mark.timeout(120)
+def test_in_a_kernel_warm_ranks_show_the_line_while_they_start_and_while_a_cell_runs(kernel, capsys):
+    try:
+        notebook.run_dist_magic("start -n 2 --timeout 60", None, {})
+        notebook.run_dist_magic("", "import time\ntime.sleep(1.5)", {})
+    finally:
+        notebook.run_dist_magic("stop", None, {})
+    starting, running = kernel[1].texts(), kernel[3].texts()  # each cell: LiveOutput's display, then the line's
+    assert any(t.startswith("starting 2 warm ranks… ") for t in starting), starting
+    assert any(t.startswith("2 warm ranks running — ") and t.endswith(" s (limit 60 s)") for t in running), running
+    assert kernel[1].updates[-1] == kernel[3].updates[-1] == {}
+    assert "2 warm ranks ready" in capsys.readouterr().out
+    assert live_threads() == []
+
+
+def test_rank_lines_that_come_close_together_are_all_shown_by_the_next_tick(kernel):
+    live = notebook.LiveOutput()
+    live.line(0, "first")
+    live.line(1, "second")  # within REFRESH_S of the first drawing: not drawn yet
+    assert kernel[0].texts()[-1] == "[rank 0] first"
+    with StatusLine(lambda s: "", tick=live.flush):
+        threading.Event().wait(0.5)  # two ticks of 0.2 s
+    assert kernel[0].texts()[-1] == "[rank 0] first\n[rank 1] second"
