@@ -76,3 +76,13 @@ def test_graded_on_ranks_mul_2_is_scaled_and_reduce_scatter_only_is_partial():
     result = run_check("ring_all_reduce", ring_reduce_scatter_only, timeout=60)
     assert not result.passed
     assert "Element 4 holds the sum of rank(s) [0, 2] (rank(s) [1] never added)." in result.message, result.message
+
+
+def test_a_failed_check_shows_whole_words_on_lines_a_cell_can_hold():
+    from partrain_edu.grading.core import WRAP_COLUMNS, CheckFailed
+
+    long_line = "rank 0 waits in recv while rank 1 waits in recv too: nobody sends — " * 4
+    rendered = CheckFailed(f"check 'ring_all_reduce' failed:\n  {long_line.strip()}\n\n  next line")._render_traceback_()
+    assert max(map(len, rendered)) <= WRAP_COLUMNS, rendered
+    assert " ".join(part.strip() for part in rendered[1:-2]) == long_line.strip()  # whole words, none lost
+    assert all(part.startswith("  ") for part in rendered[1:-2]) and rendered[-2:] == ["", "  next line"], rendered

@@ -6,13 +6,12 @@ import io
 import threading
 
 import pytest
-import torch
-import torch.distributed as dist
 
 from partrain_edu import notebook, status_line
 from partrain_edu.grading import run_check
 from partrain_edu.launch import run_cell_magic
 from partrain_edu.status_line import RankStatus, StatusLine
+from test_grading_ranks import ring_receive_first  # every rank receives before it sends: a deadlock
 
 
 class _Handle:
@@ -73,15 +72,6 @@ def test_in_a_kernel_a_torchrun_cell_shows_the_line_live_and_leaves_it_empty(ker
     assert any(t.startswith("2 ranks running — ") and t.endswith(" s (limit 90 s)") for t in texts), texts
     assert capsys.readouterr().out == "[rank 0] slept\n[rank 1] slept\n"  # as before: the ranks' grouped lines
     assert live_threads() == []
-
-
-def ring_receive_first(tensor, group=None):
-    # every rank waits to receive before it sends: nobody ever sends
-    n, me = dist.get_world_size(group), dist.get_rank(group)
-    incoming = torch.empty_like(tensor)
-    dist.recv(incoming, src=(me - 1) % n)
-    dist.send(tensor, dst=(me + 1) % n)
-    return tensor
 
 
 @pytest.mark.timeout(120)

@@ -33,13 +33,19 @@ class CheckResult:
     details: dict = field(default_factory=dict)
 
 
+WRAP_COLUMNS = 100  # narrower than a JupyterLab cell at its default font
+
+
 class CheckFailed(AssertionError):
     """A failed `check`: an AssertionError for pytest and nbval, shown by IPython as its message alone."""
 
     def _render_traceback_(self) -> list[str]:
         # IPython (and so Jupyter) shows what this returns instead of a traceback: the frame of `check`, with
-        # the checkout's absolute path, tells a learner nothing; their problem lines are the whole story.
-        return str(self).splitlines()
+        # the checkout's absolute path, tells a learner nothing; their problem lines are the whole story. Wrapped
+        # at word boundaries: JupyterLab breaks an error's long line mid-word ("nobody s / ends").
+        return [part for line in str(self).splitlines()
+                for part in textwrap.wrap(line, WRAP_COLUMNS, subsequent_indent=line[:len(line) - len(line.lstrip())],
+                                          break_long_words=False, break_on_hyphens=False) or [""]]
 
 
 class LearnerError(Exception):
