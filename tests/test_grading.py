@@ -7,6 +7,7 @@ import torch
 from partrain_edu.cli import main
 from partrain_edu.grading import CHECKS, check, check_names, run_check
 from partrain_edu.grading.compare import differ
+from partrain_edu.grading.core import WRAP_COLUMNS
 from partrain_edu.grading.make_exercises import strip_solution
 from partrain_edu.grading.rank_observe import OBSERVE, namespace_for
 
@@ -90,11 +91,13 @@ def test_a_failed_check_in_ipython_shows_only_the_learners_problem_lines(capsys)
                             "'pp': False})", store_history=False)
     assert isinstance(result.error_in_exec, AssertionError)  # still an AssertionError for pytest and nbval
     shown = capsys.readouterr().out
-    assert shown.splitlines()[:2] == ["✗ groups_inside_node failed:", "  - dp=2, tp=4, pp=8 on 8-GPU nodes (64 "
-                                      "GPUs): dp groups expected inside one node, got crossing: e.g. dp group "
-                                      "[59, 63] is all on node 7. Hint: rank = tp_rank + tp·(dp_rank + dp·pp_rank), "
-                                      "so dp ranks are tp = 4 apart: a dp group stretches over tp·dp = 8 "
-                                      "consecutive ranks, and a node holds 8"], shown
+    lines = shown.splitlines()
+    first_item = [lines[1]] + [line for line in lines[2:6] if line.startswith("    ")]  # wrapped under its "- "
+    assert lines[0] == "✗ groups_inside_node failed:" and max(map(len, lines)) <= WRAP_COLUMNS, shown
+    assert " ".join(part.strip() for part in first_item) == (
+        "- dp=2, tp=4, pp=8 on 8-GPU nodes (64 GPUs): dp groups expected inside one node, got crossing: e.g. dp "
+        "group [59, 63] is all on node 7. Hint: rank = tp_rank + tp·(dp_rank + dp·pp_rank), so dp ranks are tp = 4 "
+        "apart: a dp group stretches over tp·dp = 8 consecutive ranks, and a node holds 8"), shown
     assert "Traceback" not in shown and "core.py" not in shown and "File " not in shown, shown
 
 

@@ -44,8 +44,14 @@ class CheckFailed(AssertionError):
         # the checkout's absolute path, tells a learner nothing; their problem lines are the whole story. Wrapped
         # at word boundaries: JupyterLab breaks an error's long line mid-word ("nobody s / ends").
         return [part for line in str(self).splitlines()
-                for part in textwrap.wrap(line, WRAP_COLUMNS, subsequent_indent=line[:len(line) - len(line.lstrip())],
+                for part in textwrap.wrap(line, WRAP_COLUMNS, subsequent_indent=_hanging_indent(line),
                                           break_long_words=False, break_on_hyphens=False) or [""]]
+
+
+def _hanging_indent(line: str) -> str:
+    """The indent of a wrapped line's continuation: under the text of a "- " item, else under the line."""
+    lead = line[:len(line) - len(line.lstrip())]
+    return lead + "  " if line.lstrip().startswith("- ") else lead
 
 
 class LearnerError(Exception):
