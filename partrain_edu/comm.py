@@ -2,20 +2,7 @@
 
 Inside ``with CommTracer() as tracer:`` each call becomes one frozen :class:`CommRecord`: op name, payload
 ``bytes`` S, group (size, global ranks), peer or root, step index, label, and the bytes *this* rank sends
-(``sent``) and receives (``received``) under the ring cost model. With n = group size (bytes rounded up, as `theory.traffic`):
-
-    all_reduce                 2(n-1)/n * S  a reduce-scatter then an all-gather around a ring, each moving n-1
-                                             chunks of S/n: bandwidth-optimal (Patarasuk & Yuan 2009); the
-                                             factor NCCL uses for "bus bandwidth" (nccl-tests PERFORMANCE.md)
-    all_gather, reduce_scatter  (n-1)/n * S  S is the FULL tensor: all_gather_into_tensor's output,
-                                             reduce_scatter_tensor's input, the sum of a list variant's list
-    reduce                      (n-1)/n * S
-    broadcast                         S      pipelined ring: every rank forwards it (we count S on every
-                                             rank, the last one included; 0 when n = 1)
-    all_to_all      the bytes of this rank's input that go to other ranks ((n-1)/n * S for even splits)
-    send, isend                       S      recv, irecv send 0 and receive S
-    gather, scatter    a non-root sends its chunk to the root; the root sends every other rank's chunk
-    barrier                           0
+(``sent``) and receives (``received``) under the ring cost model of `comm_costs`.
 
 ``received`` mirrors ``sent`` for the symmetric collectives. An ``*_object`` call (all_gather_object, ...) is
 one record under its own name, summing the tensor collectives it makes inside; ``batch_isend_irecv`` gives one
@@ -47,12 +34,12 @@ import functools
 import inspect
 import threading
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from partrain_edu.comm_costs import COSTS, Group, group_of
 from partrain_edu.dist_patch import patch_collectives, restore
 
 __all__ = ["CommRecord", "CommTracer"]
@@ -71,87 +58,10 @@ class CommRecord:
     label: str | None            # innermost tracer.label(...) active at the call
 
 
-class _Group(NamedTuple):
-    n: int                       # group size
-    me: int                      # this rank's rank in the group
-    rank: int                    # this rank's global rank
-    ranks: tuple[int, ...]       # global ranks, in group-rank order
-
-
-def _size(x) -> int:
-    """Bytes of a tensor, or of a (nested) list of tensors."""
-    return x.numel() * x.element_size() if isinstance(x, torch.Tensor) else sum(map(_size, x or ()))
-
-
-def _peer(g: _Group, rank: int | None, group_rank: int | None) -> int | None:
-    """Global rank of a peer or root given either way torch accepts it (global ``dst`` or ``group_dst``)."""
-    return g.ranks[group_rank] if rank is None and group_rank is not None else rank
-
-
-def _ring(arg: str, factor: int):
-    """Cost of a ring collective on the full tensor(s) in argument ``arg``: factor * (n-1)/n * S each way."""
-    def cost(a, g):
-        S = _size(a[arg])
-        moved = -(-factor * (g.n - 1) * S // g.n)   # rounded up, as theory.traffic.ring_bytes_sent
-        return S, moved, moved, _peer(g, a.get("dst"), a.get("group_dst"))   # reduce has a root
-    return cost
-
-
-def _away(t: torch.Tensor, splits, g: _Group) -> int:
-    """Bytes of ``t`` (split along dim 0 by ``splits``) that go to, or come from, the other ranks."""
-    S = _size(t)
-    return (g.n - 1) * S // g.n if not splits else S - splits[g.me] * (S // max(t.shape[0], 1))
-
-
-def _all_to_all(a, g):
-    ins, outs = a["input_tensor_list"], a["output_tensor_list"]
-    return _size(ins), _size(ins) - _size(ins[g.me]), _size(outs) - _size(outs[g.me]), None
-
-
-def _broadcast(a, g):
-    S, root = _size(a["tensor"]), _peer(g, a["src"], a["group_src"])
-    return S, S if g.n > 1 else 0, 0 if root == g.rank else S, root
-
-
-def _send(a, g):
-    return _size(a["tensor"]), _size(a["tensor"]), 0, _peer(g, a["dst"], a["group_dst"])
-
-
-def _recv(a, g):  # src=None (receive from any rank) leaves the peer unknown
-    return _size(a["tensor"]), 0, _size(a["tensor"]), _peer(g, a["src"], a["group_src"])
-
-
-def _gather(a, g):
-    S, root = _size(a["tensor"]), _peer(g, a["dst"], a["group_dst"])
-    return (S, 0, _size(a["gather_list"]) - S, root) if root == g.rank else (S, S, 0, root)
-
-
-def _scatter(a, g):
-    S, root = _size(a["tensor"]), _peer(g, a["src"], a["group_src"])
-    return (S, _size(a["scatter_list"]) - S, 0, root) if root == g.rank else (S, 0, S, root)
-
-
-# op name -> cost(bound arguments, group) -> (payload S, sent, received, peer)
-_COSTS = {
-    "all_reduce": _ring("tensor", 2), "all_reduce_coalesced": _ring("tensors", 2),
-    "all_gather": _ring("tensor_list", 1), "all_gather_coalesced": _ring("output_tensor_lists", 1),
-    "all_gather_into_tensor": _ring("output_tensor", 1), "all_gather_single": _ring("output_tensor", 1),
-    "_all_gather_base": _ring("output_tensor", 1),
-    "reduce_scatter": _ring("input_list", 1), "reduce_scatter_tensor": _ring("input", 1),
-    "reduce_scatter_single": _ring("input", 1), "_reduce_scatter_base": _ring("input", 1),
-    "reduce": _ring("tensor", 1),
-    "broadcast": _broadcast,
-    "all_to_all": _all_to_all,
-    "all_to_all_single": lambda a, g: (_size(a["input"]), _away(a["input"], a["input_split_sizes"], g),
-                                       _away(a["output"], a["output_split_sizes"], g), None),
-    "send": _send, "isend": _send, "recv": _recv, "irecv": _recv,
-    "gather": _gather, "scatter": _scatter,
-    "barrier": lambda a, g: (0, 0, 0, None), "monitored_barrier": lambda a, g: (0, 0, 0, None),
-}
 # Recorded once under their own name, with the sum of the collectives they make inside.
 _COMPOSITE = ("all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
               "send_object_list", "recv_object_list")
-_TRACED = (*_COSTS, *_COMPOSITE, "batch_isend_irecv")
+_TRACED = (*COSTS, *_COMPOSITE, "batch_isend_irecv")
 
 _local = threading.local()       # .frame: the traced call this thread is inside, if any
 _WRAPPERS: dict = {}             # original function -> its wrapper: one wrapper per function, for ever
@@ -178,23 +88,13 @@ def _point_at_current(ops):
     return out
 
 
-def _group_of(group) -> _Group | None:
-    """The group a call runs on, or None where torch does nothing (or raises): no process group yet, or
-    this rank is not a member."""
-    if not dist.is_initialized() or c10d._rank_not_in_group(group):
-        return None
-    pg = group if group is not None else dist.group.WORLD
-    ranks = tuple(dist.get_process_group_ranks(pg))
-    return _Group(len(ranks), dist.get_rank(pg), dist.get_rank(), ranks)
-
-
 def _wrap(name: str, orig):
     """The traced version of ``orig``: a leaf op records itself (nested calls are ignored), a composite op
     records the sum of its nested calls, batch_isend_irecv records each nested isend/irecv."""
     if getattr(orig, "_comm_traced", False) or orig in _WRAPPERS:
         return _WRAPPERS.get(orig, orig)
     sig = inspect.signature(orig)
-    kind = "leaf" if name in _COSTS else "expand" if name == "batch_isend_irecv" else "composite"
+    kind = "leaf" if name in COSTS else "expand" if name == "batch_isend_irecv" else "composite"
 
     @functools.wraps(orig)
     def traced(*args, **kwargs):
@@ -206,7 +106,7 @@ def _wrap(name: str, orig):
         bound = sig.bind(*args, **kwargs)
         bound.apply_defaults()
         a = bound.arguments
-        g = None if kind == "expand" else _group_of(a.get("group"))
+        g = None if kind == "expand" else group_of(a.get("group"))
         if kind != "expand" and g is None:
             return orig(*args, **kwargs)
         _local.frame = frame = _Frame(collect=kind != "leaf")
@@ -215,7 +115,7 @@ def _wrap(name: str, orig):
         finally:
             _local.frame = parent
         if kind == "leaf":
-            records = [tracer._record(name, g, *_COSTS[name](a, g))]
+            records = [tracer._record(name, g, *COSTS[name](a, g))]
         elif kind == "expand":
             records = frame.children
         else:
@@ -290,7 +190,7 @@ class CommTracer:
         if not self._paused:
             self.records.append(record)
 
-    def _record(self, op, g: _Group, payload, sent, received, peer) -> CommRecord:
+    def _record(self, op, g: Group, payload, sent, received, peer) -> CommRecord:
         return CommRecord(op, payload, sent, received, g.n, g.ranks, peer, self._step,
                           self._labels[-1] if self._labels else None)
 

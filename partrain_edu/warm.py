@@ -61,12 +61,12 @@ class Pool:
         self.timeout = check_arguments(nproc, timeout, None)
         self.nproc, self.requested_backend, self.env = nproc, backend, dict(env or {})
         self.echo = echo or (lambda rank, text: None)
-        self.started = started  # told how many ranks are up (said hello) while they start; `status_line.py`
         self.up, self.backend, self.cells_run, self._link = False, "", 0, None
-        self.start()
+        self.start(started)
 
-    def start(self) -> None:
-        """Start the ranks and run PRELUDE on them (raises DistError, the pool stopped, if that fails)."""
+    def start(self, started: Callable[[int], None] | None = None) -> None:
+        """Start the ranks and run PRELUDE on them (raises DistError, the pool stopped, if that fails).
+        `started(k)` is told how many ranks are up (said hello) while they start (`status_line.py`)."""
         if self.up:
             raise RuntimeError("the warm ranks are running already; restart() replaces them")
         self.dir = Path(tempfile.mkdtemp(prefix="partrain_warm_"))  # mode 0700: the socket is ours alone
@@ -81,7 +81,7 @@ class Pool:
             listener.bind(str(self.dir / _warm_rank.SOCKET_NAME))
             listener.listen(self.nproc)
             self._link = Link(self._command(), self._rank_env(), listener)
-            self._accept()
+            self._accept(started)
             prelude = self._run(PRELUDE, None, self.timeout, self.echo)
             self.backend, self.start_outputs = prelude.published["backend"], prelude.outputs
         except BaseException as error:
@@ -109,7 +109,7 @@ class Pool:
             env[BACKEND_ENV] = self.requested_backend
         return env
 
-    def _accept(self) -> None:
+    def _accept(self, started: Callable[[int], None] | None) -> None:
         """Wait until every rank has connected and said hello."""
         link, deadline = self._link, None if self.timeout is None else time.monotonic() + self.timeout
         while len(link.pids) < self.nproc:
@@ -121,8 +121,8 @@ class Pool:
                 raise DistError(f"the ranks were not up within {self.timeout:g} s", None, {}, timed_out=True,
                                 pool_stopped=True)
             link.pump(0.05)
-            if self.started is not None:
-                self.started(len(link.pids))
+            if started is not None:
+                started(len(link.pids))
         link.stop_listening()
 
     def run(self, code: str, rank: int | None = None, timeout: Any = "pool",

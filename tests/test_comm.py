@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from partrain_edu import comm
+from partrain_edu import comm, comm_costs
 from partrain_edu.comm import CommRecord, CommTracer
 from partrain_edu.launch import torchrun
 
@@ -151,10 +151,10 @@ def test_merge_without_any_process_group():
 
 @pytest.mark.parametrize("n", [2, 3, 4, 8])
 def test_ring_formulas_round_down(n):
-    group = comm._Group(n, 1, 1, tuple(range(n)))
+    group = comm_costs.Group(n, 1, 1, tuple(range(n)))
     t = torch.empty(1001, dtype=torch.uint8)                            # S = 1001 B: not divisible by n
     def cost(op, **arguments):
-        return comm._COSTS[op](arguments, group)
+        return comm_costs.COSTS[op](arguments, group)
 
     up = lambda x: -(-x // n)  # noqa: E731  ring bytes round up (as theory.traffic does)
     assert cost("all_reduce", tensor=t)[:3] == (1001, up(2 * (n - 1) * 1001), up(2 * (n - 1) * 1001))

@@ -26,16 +26,18 @@ def ring_input(numel: int, rank: int) -> torch.Tensor:
     return 2.0 ** rank + RING_TAG * torch.arange(numel, dtype=torch.float32)
 
 
-def decode_ring_sum(value: float) -> tuple[set[int], int] | None:
-    """(the ranks, the position) a ring_input sum `value` holds, or None when it is no such sum."""
+def decode_ring_sum(value: float, nproc: int, numel: int) -> tuple[set[int], int] | None:
+    """(the ranks, the position) a sum of `nproc` ranks' ring_input(numel) elements `value` holds, or None when it
+    is no such sum (tagged bits of a rank that does not exist, or a position past the end, are none)."""
     if value != int(value) or value <= 0:
         return None
     bits = int(value) % RING_TAG
     ranks = {r for r in range(RING_RANKS) if bits >> r & 1}
     rest = int(value) - bits
-    if not ranks or rest % (RING_TAG * len(ranks)):
+    if not ranks or max(ranks) >= nproc or rest % (RING_TAG * len(ranks)):
         return None
-    return ranks, rest // (RING_TAG * len(ranks))
+    position = rest // (RING_TAG * len(ranks))
+    return (ranks, position) if position < numel else None
 
 
 def toy_model() -> nn.Module:

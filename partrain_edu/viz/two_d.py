@@ -24,8 +24,8 @@ def intensity_figure(params: int, gpus: int, global_batch: int, seq: int, flops:
     peak = hardware_intensity(flops, bandwidth)
     lines = [(peak, f"{link} at peak: F/β = {peak:,.0f}", "--")]
     if calibrated is not None:
-        lines.append((hardware_intensity(*calibrated), "calibrated: F/β = "
-                      f"{hardware_intensity(*calibrated):,.0f}", ":"))
+        sustained = hardware_intensity(*calibrated)
+        lines.append((sustained, f"calibrated: F/β = {sustained:,.0f}", ":"))
     need = lines[-1][0]                   # the bars are judged by the realistic line when there is one
     heights = [fsdp_intensity(params, global_batch * seq * tp / gpus, gpus // tp, tp) for tp in tps]
     fig, ax = plt.subplots(figsize=(6.5, 3.2))
