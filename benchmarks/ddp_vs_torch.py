@@ -25,7 +25,7 @@ import torch, torch.distributed as dist
 from partrain_edu import runtime
 from partrain_edu.benchmarking import alternate_steps, slowest
 from torch.nn.parallel import DistributedDataParallel
-from partrain_edu.comm_adapters import traced_allreduce_hook
+from partrain_edu.comm.adapters import traced_allreduce_hook
 from partrain_edu.config import TrainConfig
 from partrain_edu.parallel.ring import ring_all_reduce
 from partrain_edu.strategies import get_strategy

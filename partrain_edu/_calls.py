@@ -1,7 +1,7 @@
 """Each rank's torch.distributed calls on record, without any communication (what they show: _call_findings.py).
 
 `record(folder, rank)`, run by the rank wrappers before the learner's code, wraps the functions CommTracer traces
-(`comm_costs.COSTS`) in torch.distributed and its distributed_c10d. Each call overwrites the one fixed-size record of
+(`comm.costs.COSTS`) in torch.distributed and its distributed_c10d. Each call overwrites the one fixed-size record of
 folder/rank{k}.calls: in (entered), out (returned) or raised; its number among this process's calls on that group
 (send/recv: with that peer); the group's global ranks, the op, its tensors' dtypes and shapes (never their data),
 the root or peer. A few µs per call, on any backend.
@@ -73,8 +73,8 @@ def _install() -> None:
 
         if not dist.is_available():
             return
-        from partrain_edu.comm_costs import COSTS
-        from partrain_edu.dist_patch import patch_collectives
+        from partrain_edu.comm.costs import COSTS
+        from partrain_edu.comm.patch import patch_collectives
 
         patch_collectives(COSTS, _wrap)   # for the process's life: nothing to restore
     except Exception as error:  # noqa: BLE001 - bookkeeping must never cost the learner their `import torch`

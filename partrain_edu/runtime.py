@@ -217,6 +217,17 @@ def publish(name: str, value: Any) -> None:
 standalone_published: dict[str, Any] = {}
 
 
+def publish_every_rank(name: str, record: Any, group=None) -> list:
+    """Gather `record` from every rank of `group` (default: the world) with `all_gather_object` and publish the
+    list as `name`, rank r's record at index r: `publish` hands back rank 0's value only, a lesson comparing ranks
+    needs each one's. Every rank of the group calls it, like any collective; call it after a CommTracer's block,
+    not inside it, or the tracer records this gather as well."""
+    everyone = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, record, group=group)
+    publish(name, everyone)
+    return everyone
+
+
 def _to_cpu(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()

@@ -11,14 +11,15 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from partrain_edu import comm, comm_costs
+from partrain_edu.comm import costs as comm_costs
+from partrain_edu.comm import tracer as comm_tracer
 from partrain_edu.comm import CommRecord, CommTracer
 from partrain_edu.launch import torchrun
 
 
 def patched_names() -> dict:
     """The current value of every traced attribute of both modules, by (module, name)."""
-    return {(m.__name__, name): vars(m)[name] for m in (dist, c10d) for name in comm._TRACED if name in vars(m)}
+    return {(m.__name__, name): vars(m)[name] for m in (dist, c10d) for name in comm_tracer._TRACED if name in vars(m)}
 
 
 @pytest.fixture
@@ -176,7 +177,7 @@ import torch, torch.distributed as dist, torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from partrain_edu import runtime
 from partrain_edu.comm import CommTracer
-from partrain_edu.comm_adapters import traced_allreduce_hook
+from partrain_edu.comm.adapters import traced_allreduce_hook
 
 ctx = runtime.init(backend="gloo")
 rank, n = ctx.rank, ctx.world_size

@@ -37,7 +37,7 @@ from partrain_edu.data import SyntheticTokens
 from partrain_edu.models import TinyGPT
 from partrain_edu.parallel.sequence import SequenceParallelRegion, layer_activation_bytes
 from partrain_edu.parallel.tensor import TensorParallelRegion, full_slice, vocab_parallel_cross_entropy
-from partrain_edu.comm_adapters import FunctionalCollectiveCounter
+from partrain_edu.comm.adapters import FunctionalCollectiveCounter
 from partrain_edu.config import TrainConfig
 from partrain_edu.strategies.tensor import parallelize_tinygpt
 from partrain_edu.strategies.torch_tp import dtensor_parallelize_tinygpt

@@ -1,6 +1,6 @@
 """Emulated links: every torch.distributed call costs steps·α + bytes/β on the rank's emulated clock.
 
-Cost: k·(α per ring step + CommTracer's ring-model bytes this rank sends (comm_costs.py) × the byte scale / β), on
+Cost: k·(α per ring step + CommTracer's ring-model bytes this rank sends (costs.py) × the byte scale / β), on
 the slowest link among the ranks involved, (α, β) from `Emulator.link_of` (the calibrated `link_cost`); ring
 steps: 2(n−1) for an all-reduce, n−1 for the others, 1 for a send; the byte scale and k from
 `Emulator.scale_of` (k = 1 unless a traffic rule says one message stands for k layers'). Each rank has one
@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from partrain_edu import comm_costs
-from partrain_edu.dist_patch import patch_collectives, restore
+from partrain_edu.comm import costs
+from partrain_edu.comm.patch import patch_collectives, restore
 
 _active = None                     # the installed Emulator (one per process, like the patch)
 _side = None                       # the process group the timestamps travel on
@@ -47,7 +47,7 @@ def _steps(name: str, n: int) -> int:
 
 def cost_of(emulator, name: str, arguments: dict, group) -> float:
     """Emulated-clock seconds this call occupies the stream (0 for a receive or a one-rank group)."""
-    payload, sent, received, peer = comm_costs.COSTS[name](arguments, group)
+    payload, sent, received, peer = costs.COSTS[name](arguments, group)
     ranks = (group.rank, peer) if name in SENDS else group.ranks
     _, alpha, beta = emulator.link_of(ranks)
     per_byte, messages = emulator.scale_of("p2p" if name in SENDS + RECEIVES else "collective", group.ranks)
@@ -159,7 +159,7 @@ def _call(emulator, name, orig, args, kwargs, a, group):
         arrival = _occupy(emulator, issued, cost)
         box = torch.tensor([arrival], dtype=torch.float64)
         _sends[:] = [(w, b) for w, b in _sends if not w.is_completed()]
-        _sends.append((_orig["isend"](box, dst=comm_costs.peer(group, a["dst"], a["group_dst"]), group=_side,
+        _sends.append((_orig["isend"](box, dst=costs.peer(group, a["dst"], a["group_dst"]), group=_side,
                                       tag=a["tag"]), box))
         result = orig(*args, **kwargs)
         if name == "send":
@@ -167,7 +167,7 @@ def _call(emulator, name, orig, args, kwargs, a, group):
         return result
     result = orig(*args, **kwargs)
     if name in RECEIVES:
-        src = comm_costs.peer(group, a["src"], a["group_src"])
+        src = costs.peer(group, a["src"], a["group_src"])
         if src is None:
             return result
         receive = ReceiveWork(result if name == "irecv" else _Done(), emulator, src, a["tag"])
@@ -198,7 +198,7 @@ def _wrap(name: str, orig):
             return orig(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        group = comm_costs.group_of(bound.arguments.get("group"))
+        group = costs.group_of(bound.arguments.get("group"))
         if group is None:
             return orig(*args, **kwargs)
         _local.inside = True
@@ -216,7 +216,7 @@ def install(emulator) -> None:
     side group, and start every rank's clock at the same instant. Every rank must call it (a collective)."""
     global _active, _side
     uninstall()
-    _saved.extend(patch_collectives(comm_costs.COSTS, _wrap))
+    _saved.extend(patch_collectives(costs.COSTS, _wrap))
     for _, name, orig in _saved:
         _orig.setdefault(name, orig)
     _side = dist.new_group(backend="gloo")

@@ -23,7 +23,7 @@ import warnings
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import loss_parallel
 
-from partrain_edu.comm_adapters import FunctionalCollectiveCounter
+from partrain_edu.comm.adapters import FunctionalCollectiveCounter
 from partrain_edu.config import TrainConfig
 from partrain_edu.data import data_parallel_slice, split_microbatches
 from partrain_edu.models import TinyGPT

@@ -14,7 +14,7 @@ forward, all-gather before backward, reduce-scatter of the gradients after backw
 What `comm` reports: FSDP2 issues its collectives from Python through `torch.distributed.all_gather_single`
 and `torch.distributed.reduce_scatter_single` (its `DefaultAllGather` / `DefaultReduceScatter`), so
 `CommTracer` counts them itself, priced by the ring model — the same op names as our `zero3`. No
-`comm_adapters.FunctionalCollectiveCounter` is needed: wrapped around this loop it finds no functional
+`comm.adapters.FunctionalCollectiveCounter` is needed: wrapped around this loop it finds no functional
 collective, and as a dispatch mode it would slow every op ~4× (it would distort the benchmark
 `benchmarks/zero3_vs_fsdp.py`). One difference in bytes: FSDP2 keeps the root
 unit gathered from the end of forward into backward (it is needed first there), so it all-gathers the root

@@ -9,7 +9,7 @@ cross-entropy. Sent: the same all-reduces as `tp`, 4 · 2(t−1)/t · b·s·h·e
 DTensor issues itself when a layout must change.
 
 What `comm` reports: DTensor communicates through functional collectives, which `CommTracer` cannot see.
-`comm_adapters.FunctionalCollectiveCounter` (PyTorch's `CommDebugMode`, plus each call's payload priced by
+`comm.adapters.FunctionalCollectiveCounter` (PyTorch's `CommDebugMode`, plus each call's payload priced by
 the ring model) adds one `CommRecord` per call to the active tracer, so `comm` reads number for number as `tp`'s.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import warnings
 from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, loss_parallel, parallelize_module
 
-from partrain_edu.comm_adapters import FunctionalCollectiveCounter
+from partrain_edu.comm.adapters import FunctionalCollectiveCounter
 from partrain_edu.models import TinyGPT
 from partrain_edu.parallel.torch_tp import dtensor_plan
 from partrain_edu.strategies.base import register

@@ -1,7 +1,7 @@
 """What one ``torch.distributed`` call sends and receives, under the ring cost model: one rule per op.
 
 ``COSTS[op](bound arguments, group)`` gives (payload S, bytes this rank sends, bytes it receives, peer or root).
-With n = group size (bytes rounded up, as `theory.traffic`):
+With n = group size, the ring rules are `theory.traffic.ring_bytes_sent`'s (bytes rounded up):
 
     all_reduce                 2(n-1)/n * S  a reduce-scatter then an all-gather around a ring, each moving n-1
                                              chunks of S/n: bandwidth-optimal (Patarasuk & Yuan 2009); the
@@ -16,7 +16,7 @@ With n = group size (bytes rounded up, as `theory.traffic`):
     gather, scatter    a non-root sends its chunk to the root; the root sends every other rank's chunk
     barrier                           0
 
-Used by the tracer (`comm.CommTracer`), the call records (`_calls`) and the emulated links (`emulated.links`).
+Used by the tracer (`comm.CommTracer`), the call records and the emulated links (`emulated.links`).
 """
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+
+from partrain_edu.theory.traffic import ring_bytes_sent
 
 
 class Group(NamedTuple):
@@ -44,11 +46,12 @@ def peer(g: Group, rank: int | None, group_rank: int | None) -> int | None:
     return g.ranks[group_rank] if rank is None and group_rank is not None else rank
 
 
-def _ring(arg: str, factor: int):
-    """Cost of a ring collective on the full tensor(s) in argument ``arg``: factor * (n-1)/n * S each way."""
+def _ring(arg: str, shape: str):
+    """Cost of a ring collective on the full tensor(s) in argument ``arg``, priced as theory's ``shape``
+    (all_reduce: 2(n-1)/n * S; all_gather: (n-1)/n * S) each way."""
     def cost(a, g):
         S = size(a[arg])
-        moved = -(-factor * (g.n - 1) * S // g.n)   # rounded up, as theory.traffic.ring_bytes_sent
+        moved = ring_bytes_sent(shape, S, g.n)
         return S, moved, moved, peer(g, a.get("dst"), a.get("group_dst"))   # reduce has a root
     return cost
 
@@ -66,7 +69,7 @@ def _all_to_all(a, g):
 
 def _broadcast(a, g):
     S, root = size(a["tensor"]), peer(g, a["src"], a["group_src"])
-    return S, S if g.n > 1 else 0, 0 if root == g.rank else S, root
+    return S, ring_bytes_sent("broadcast", S, g.n), 0 if root == g.rank else S, root
 
 
 def _send(a, g):
@@ -88,14 +91,15 @@ def _scatter(a, g):
 
 
 # op name -> cost(bound arguments, group) -> (payload S, sent, received, peer)
+AR, AG, RS = "all_reduce", "all_gather", "reduce_scatter"   # theory.traffic's ring shapes
 COSTS = {
-    "all_reduce": _ring("tensor", 2), "all_reduce_coalesced": _ring("tensors", 2),
-    "all_gather": _ring("tensor_list", 1), "all_gather_coalesced": _ring("output_tensor_lists", 1),
-    "all_gather_into_tensor": _ring("output_tensor", 1), "all_gather_single": _ring("output_tensor", 1),
-    "_all_gather_base": _ring("output_tensor", 1),
-    "reduce_scatter": _ring("input_list", 1), "reduce_scatter_tensor": _ring("input", 1),
-    "reduce_scatter_single": _ring("input", 1), "_reduce_scatter_base": _ring("input", 1),
-    "reduce": _ring("tensor", 1),
+    "all_reduce": _ring("tensor", AR), "all_reduce_coalesced": _ring("tensors", AR),
+    "all_gather": _ring("tensor_list", AG), "all_gather_coalesced": _ring("output_tensor_lists", AG),
+    "all_gather_into_tensor": _ring("output_tensor", AG), "all_gather_single": _ring("output_tensor", AG),
+    "_all_gather_base": _ring("output_tensor", AG),
+    "reduce_scatter": _ring("input_list", RS), "reduce_scatter_tensor": _ring("input", RS),
+    "reduce_scatter_single": _ring("input", RS), "_reduce_scatter_base": _ring("input", RS),
+    "reduce": _ring("tensor", RS),   # a reduce-scatter whose pieces all go to the root: (n-1)/n * S
     "broadcast": _broadcast,
     "all_to_all": _all_to_all,
     "all_to_all_single": lambda a, g: (size(a["input"]), _away(a["input"], a["input_split_sizes"], g),
@@ -104,6 +108,8 @@ COSTS = {
     "gather": _gather, "scatter": _scatter,
     "barrier": lambda a, g: (0, 0, 0, None), "monitored_barrier": lambda a, g: (0, 0, 0, None),
 }
+
+
 def group_of(group) -> Group | None:
     """The group a call runs on, or None where torch does nothing (or raises): no process group yet, or
     this rank is not a member."""

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.distributed.tensor.debug import CommDebugMode
 
-from partrain_edu.comm import CommRecord, CommTracer
+from partrain_edu.comm.tracer import CommRecord, CommTracer
 from partrain_edu.theory.traffic import ring_bytes_sent
 
 

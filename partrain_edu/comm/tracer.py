@@ -2,7 +2,7 @@
 
 Inside ``with CommTracer() as tracer:`` each call becomes one frozen :class:`CommRecord`: op name, payload
 ``bytes`` S, group (size, global ranks), peer or root, step index, label, and the bytes *this* rank sends
-(``sent``) and receives (``received``) under the ring cost model of `comm_costs`.
+(``sent``) and receives (``received``) under the ring cost model of `comm.costs`.
 
 ``received`` mirrors ``sent`` for the symmetric collectives. An ``*_object`` call (all_gather_object, ...) is
 one record under its own name, summing the tensor collectives it makes inside; ``batch_isend_irecv`` gives one
@@ -23,7 +23,7 @@ counts once, as the outer op.
 How: entering patches the functions of ``torch.distributed`` and of ``torch.distributed.distributed_c10d``
 (all_gather_object reaches all_gather through the latter's globals); exiting puts back exactly what was there,
 also on an exception. It cannot see collectives made in C++ (PyTorch DDP's bucket all-reduce: register
-:func:`partrain_edu.comm_adapters.traced_allreduce_hook`), functional collectives (DTensor, FSDP2: see ``comm_adapters``), nor a function bound by
+:func:`comm.adapters.traced_allreduce_hook`), functional collectives (DTensor, FSDP2: ``comm.adapters``), nor a function bound by
 ``from torch.distributed import all_reduce`` before entering. The patch is process-wide, so one tracer is active
 per process: entering a second raises. No timings: an async op returns before its bytes move.
 """
@@ -39,8 +39,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from partrain_edu.comm_costs import COSTS, Group, group_of
-from partrain_edu.dist_patch import patch_collectives, restore
+from partrain_edu.comm.costs import COSTS, Group, group_of
+from partrain_edu.comm.patch import patch_collectives, restore
 
 __all__ = ["CommRecord", "CommTracer"]
 
@@ -216,6 +216,10 @@ class CommTracer:
     def total_sent(self, per_step: bool = False) -> int:
         """Bytes this rank sends, summed over ops (ring model), per step if asked."""
         return sum(t["bytes"] for t in self.summary(per_step).values())
+
+    def traffic(self) -> dict[str, int]:
+        """What this rank sent and received in bytes, over every record: ``{"sent": ..., "received": ...}``."""
+        return {"sent": self.total_sent(), "received": sum(record.received for record in self.records)}
 
     def merge(self, per_step: bool = False, group=None) -> dict:
         """Every rank's summary, gathered with ``all_gather_object`` (not recorded), and the rank that sends
