@@ -34,26 +34,7 @@
 
 `tests/test_layering.py` checks that this table and the registry agree.
 """
-# Modules whose import registers strategies, in the order `partrain-edu train` lists them.
-STRATEGY_MODULES = [
-    "partrain_edu.strategies.single",
-    "partrain_edu.strategies.torch_ddp",
-    "partrain_edu.strategies.ddp",
-    "partrain_edu.strategies.naive_dp",
-    "partrain_edu.strategies.tensor",
-    "partrain_edu.strategies.torch_tp",
-    "partrain_edu.strategies.pipeline",
-    "partrain_edu.strategies.torch_pp",
-    "partrain_edu.strategies.zero",
-    "partrain_edu.strategies.fsdp",
-    "partrain_edu.strategies.torch_fsdp",
-    "partrain_edu.strategies.hybrid",
-    "partrain_edu.strategies.context",
-    "partrain_edu.strategies.fsdp_tp",
-    "partrain_edu.strategies.mixed_precision",
-]
-
-from partrain_edu.strategies.base import (LEARNING_RATE, STRATEGIES, Strategy, data_parallel_batch,  # noqa: E402
+from partrain_edu.strategies.base import (LEARNING_RATE, STRATEGIES, STRATEGY_MODULES, Strategy, data_parallel_batch,
                                           get_strategy, register, strategies, tensor_bytes)
 
 __all__ = ["LEARNING_RATE", "STRATEGIES", "STRATEGY_MODULES", "Strategy", "data_parallel_batch", "get_strategy",

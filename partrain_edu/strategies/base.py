@@ -8,7 +8,7 @@ weights and AdamW; it only decides where the bytes live and which bytes move, by
 bf16 strategies, which compute and communicate in bf16, within 2⁻⁸: one bf16 rounding).
 `train_step` returns (sum of the per-sample losses this rank accounts for, their number); the loop sums both
 over ranks. `@register("name")` files a class under its name; `strategies()` imports the modules of the
-index (`partrain_edu.strategies.STRATEGY_MODULES`), each of which registers its own.
+index (STRATEGY_MODULES, below), each of which registers its own.
 """
 from __future__ import annotations
 
@@ -120,10 +120,28 @@ def register(name: str):
     return decorate
 
 
+# Modules whose import registers strategies, in the order `partrain-edu train` lists them.
+STRATEGY_MODULES = [
+    "partrain_edu.strategies.single",
+    "partrain_edu.strategies.torch_ddp",
+    "partrain_edu.strategies.ddp",
+    "partrain_edu.strategies.naive_dp",
+    "partrain_edu.strategies.tensor",
+    "partrain_edu.strategies.torch_tp",
+    "partrain_edu.strategies.pipeline",
+    "partrain_edu.strategies.torch_pp",
+    "partrain_edu.strategies.zero",
+    "partrain_edu.strategies.fsdp",
+    "partrain_edu.strategies.torch_fsdp",
+    "partrain_edu.strategies.hybrid",
+    "partrain_edu.strategies.context",
+    "partrain_edu.strategies.fsdp_tp",
+    "partrain_edu.strategies.mixed_precision",
+]
+
+
 def strategies() -> dict[str, type[Strategy]]:
     """Every registered strategy, by name, once each module of the index has been imported."""
-    from partrain_edu.strategies import STRATEGY_MODULES  # the package's index (it imports this module first)
-
     for module in STRATEGY_MODULES:
         importlib.import_module(module)
     # in the index's order, whichever module a caller happened to import first (stable: a module's own order stays)

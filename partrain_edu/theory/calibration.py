@@ -10,12 +10,11 @@ link's datasheet bandwidth NCCL achieves) and an **overlap cost** (what overlapp
 the compute beside it: SMs and HBM bandwidth) complete it. η_max is fitted per device on the training rows of
 `theory.published_runs` (a device without its own rows takes its chip's: the A100 40GB the 80GB's, the H800 the
 H100's); w½, the overhead and the link efficiency are shared by all devices, since the training set has too few
-rows per device to tell them apart. `fit()` redoes the fit (coordinate search on log residuals, a second here);
-`FITTED` is its stored result, and a test checks that the two agree. Nothing here is tuned by hand.
+rows per device to tell them apart. `calibration_fit.fit()` redoes the fit (coordinate search on log residuals,
+a second here); `FITTED` is its stored result, and a test checks that the two agree. Nothing here is tuned by hand.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 # a device without training rows borrows the terms of the one with the same chip
@@ -44,7 +43,7 @@ class Efficiency:
         return self.matmul_max * width / (width + self.half_width)
 
 
-# Written by `python -m partrain_edu.theory.calibration` from fit(); the residuals are each training row's
+# Written by `python -m partrain_edu.theory.calibration_fit` from fit(); the residuals are each training row's
 # log(predicted / reported). Do not edit by hand: tests/test_theory_calibration.py refits and compares.
 FITTED = {'shared': {'half_width': 128.0, 'layer_overhead_s': 0.0002, 'link': 0.9, 'overlap_cost': 0.04958},
  'matmul_max': {'a100-80gb': 0.743, 'h100-sxm': 0.6264, 'v100-32gb': 0.4936},
@@ -72,57 +71,3 @@ def terms(device: str, fitted: dict | None = None) -> Efficiency:
         raise ValueError(f"no fitted efficiency for device {device!r}: the training set has no run on it "
                          f"(fitted: {', '.join(fitted['matmul_max'])})")
     return Efficiency(fitted["matmul_max"][chip], **fitted["shared"])
-
-
-def _loss(runs, fitted: dict) -> float:
-    """Σ log²(predicted / reported), each paper's rows weighing one paper in all (Table 1's ten rows are one source)."""
-    from partrain_edu.theory.published_runs import predicted_metric
-    papers = [run.source.split(",")[0] for run in runs]
-    return sum(math.log(predicted_metric(run, fitted) / run.reported) ** 2 / papers.count(paper)
-               for run, paper in zip(runs, papers))
-
-
-def _search(f, lo: float, hi: float, steps: int = 40) -> float:
-    """The minimum of a unimodal f on [lo, hi] by golden-section search."""
-    g = (math.sqrt(5) - 1) / 2
-    a, b = lo, hi
-    for _ in range(steps):
-        c, d = b - g * (b - a), a + g * (b - a)
-        if f(c) <= f(d):
-            b = d
-        else:
-            a = c
-    return (a + b) / 2
-
-
-# Physical ranges the search stays in: a layer launches about 20 kernels of ~10 µs each (≤ 200 µs a pass);
-# NCCL's bus bandwidth reaches 30–90 % of a link's datasheet rate (nccl-tests on DGX A100/H100).
-BOUNDS = {"half_width": (0.0, 2048.0), "layer_overhead_s": (0.0, 2e-4), "link": (0.3, 0.9), "overlap_cost": (0.0, 0.5)}
-
-
-def fit(runs=None, rounds: int = 4) -> dict:
-    """Fit η_max per device and the shared terms on the training rows (coordinate search on Σ log² residuals)."""
-    from partrain_edu.theory.published_runs import load, predicted_metric
-    runs = [r for r in (runs or load()) if r.split == "train"]
-    devices = sorted({SAME_CHIP.get(r.device, r.device) for r in runs})
-    fitted = {"shared": {"half_width": 256.0, "layer_overhead_s": 1e-4, "link": 0.7, "overlap_cost": 0.1},
-              "matmul_max": {d: 0.7 for d in devices}, "residuals": {}}
-
-    def with_(group, key, value):
-        return {**fitted, group: {**fitted[group], key: value}}
-
-    for _ in range(rounds):
-        for d in devices:
-            mine = [r for r in runs if SAME_CHIP.get(r.device, r.device) == d]
-            fitted = with_("matmul_max", d, _search(lambda v: _loss(mine, with_("matmul_max", d, v)), 0.2, 1.0))
-        for key, (lo, hi) in BOUNDS.items():
-            fitted = with_("shared", key, _search(lambda v: _loss(runs, with_("shared", key, v)), lo, hi))
-    rounded = {"shared": {k: float(f"{v:.4g}") for k, v in fitted["shared"].items()},
-               "matmul_max": {k: round(v, 4) for k, v in fitted["matmul_max"].items()}, "residuals": {}}
-    rounded["residuals"] = {r.run: round(math.log(predicted_metric(r, rounded) / r.reported), 4) for r in runs}
-    return rounded
-
-
-if __name__ == "__main__":   # print the fit, to paste into FITTED
-    import pprint
-    pprint.pprint(fit(), sort_dicts=False, width=116)

@@ -13,7 +13,7 @@ types raise ``argparse.ArgumentTypeError`` with the same words, so argparse repo
 
 Every command answers within seconds: sizes stop at 1e18 (``units.MAX_SIZE``), durations at ``MAX_SECONDS``,
 the pipeline simulator at ``MAX_STAGES`` stages and ``MAX_PIPELINE_ACTIONS`` actions, and no result beyond
-``MAX_RESULT`` is printed (such counts of layers, heads or tokens describe no machine).
+``cli_model.MAX_RESULT`` is printed (such counts of layers, heads or tokens describe no machine).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from partrain_edu.theory.cli_model import DEGREES, add_estimate, add_layout_flags, add_model_flags, layout_from, model_from
+from partrain_edu.theory.cli_model import DEGREES, add_estimate, emit, add_layout_flags, add_model_flags, layout_from, model_from
 from partrain_edu.theory.hardware import canonical
 from partrain_edu.theory.memory import OPTIMIZERS, PRECISIONS, RECOMPUTE, estimate_memory
 from partrain_edu.theory.planner import GLOBAL_BATCH, SEQ, plan
@@ -34,7 +34,6 @@ MAX_SECONDS = 1e9               # ≈ 30 years per stage action; keeps a simulat
 # and with the number of actions. These limits keep the slowest schedule (zb-h1) to a few seconds here.
 MAX_STAGES = 256
 MAX_PIPELINE_ACTIONS = 20_000   # --stages × --microbatches × --chunks
-MAX_RESULT = 10**30             # bytes, counts or seconds: ten million times all the world's storage
 
 
 def size(text: str) -> int:
@@ -67,26 +66,6 @@ def seconds(text: str) -> float:
     return value
 
 
-def _too_large(value) -> bool:
-    """Whether any number inside a result (nested dicts and lists) is beyond MAX_RESULT."""
-    if isinstance(value, dict):
-        return any(_too_large(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_too_large(v) for v in value)
-    return isinstance(value, (int, float)) and not value <= MAX_RESULT
-
-
-def _emit(args: argparse.Namespace, result) -> int:
-    data = result.to_dict()
-    # Positive whole numbers have no upper bound on the command line: --seq 10**40 computes fine, but its
-    # 100-digit result is no answer (and would overflow the float maths of the tables).
-    if _too_large(data):
-        raise ValueError("the result is beyond 1e30, which describes no real machine; "
-                         "give realistic sizes (--layers, --hidden, --heads, --seq, --micro-batch, ...)")
-    print(json.dumps(data) if args.json else result.table())
-    return 0
-
-
 def run_memory(args: argparse.Namespace) -> int:
     if args.sequence_parallel and (args.micro_batch is None or args.tp == 1):
         raise ValueError("--sequence-parallel splits activations over the --tp ranks: give --tp 2 or more and "
@@ -94,7 +73,7 @@ def run_memory(args: argparse.Namespace) -> int:
     if args.cp > 1 and args.micro_batch is None:
         raise ValueError("--cp splits the activations by sequence (the model states stay whole): give the activation "
                          "flags (--layers, --hidden, --heads, --seq, --micro-batch), or drop it")
-    return _emit(args, estimate_memory(
+    return emit(args, estimate_memory(
         args.params, dp=args.dp, tp=args.tp, pp=args.pp, zero=args.zero, precision=args.precision,
         optimizer=args.optimizer, layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq,
         micro_batch=args.micro_batch, vocab=args.vocab, recompute=args.recompute,
@@ -105,7 +84,7 @@ def run_traffic(args: argparse.Namespace) -> int:
     if args.cp > 1 and args.strategy != "cp":
         raise ValueError(f"--cp is the ring of --strategy cp; --strategy {args.strategy} sends nothing along it: "
                          "use --strategy cp, or drop --cp")
-    return _emit(args, step_traffic(
+    return emit(args, step_traffic(
         args.strategy, args.params, dp=args.dp, tp=args.tp, pp=args.pp, cp=args.cp, layers=args.layers,
         hidden=args.hidden, seq=args.seq, micro_batch=args.micro_batch, microbatches=args.microbatches,
         bytes_per_element=args.bytes_per_element))
@@ -124,7 +103,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
     split = schedule.split_backward   # zb-h1: the backward's two halves, B and W, each as long as a forward
     t_backward = args.t_backward if args.t_backward is not None else (1.0 if split else 2.0)
     t_weight = args.t_weight if args.t_weight is not None else (1.0 if split else 0.0)
-    return _emit(args, simulate(schedule, args.t_forward, t_backward, t_weight))
+    return emit(args, simulate(schedule, args.t_forward, t_backward, t_weight))
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -140,7 +119,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if any(getattr(args, name) is not None for name in DEGREES + ("zero", "micro_batch", "recompute")):
         args.dp = args.dp or max(1, args.gpus // ((args.tp or 1) * (args.pp or 1) * (args.cp or 1)))
         given = layout_from(args, args.global_batch)
-    return _emit(args, plan(args.params, args.gpus, args.gpu_memory, args.gpus_per_node, args.interconnect,
+    return emit(args, plan(args.params, args.gpus, args.gpu_memory, args.gpus_per_node, args.interconnect,
                             global_batch=args.global_batch, seq=args.seq or SEQ, model=model,
                             device=canonical(args.device) if args.device else None, given=given))
 

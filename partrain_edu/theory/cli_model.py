@@ -10,6 +10,7 @@ its shape (``--layers --hidden --heads --vocab --seq`` and optionally ``--kv-hea
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import replace
 
 from partrain_edu.theory.estimate import estimate
@@ -59,6 +60,30 @@ def model_from(args: argparse.Namespace, required: bool = True) -> ModelSpec | N
                      learned_positions=not args.gated, bias=not args.gated, dropout=not args.gated)
 
 
+MAX_RESULT = 10**30             # bytes, counts or seconds: ten million times all the world's storage
+
+
+def _too_large(value) -> bool:
+    """Whether any number inside a result (nested dicts and lists) is beyond MAX_RESULT."""
+    if isinstance(value, dict):
+        return any(_too_large(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_too_large(v) for v in value)
+    return isinstance(value, (int, float)) and not value <= MAX_RESULT
+
+
+def emit(args: argparse.Namespace, result) -> int:
+    """Print a result (`--json`: its dict; else its table), refusing numbers no real machine has."""
+    data = result.to_dict()
+    # Positive whole numbers have no upper bound on the command line: --seq 10**40 computes fine, but its
+    # 100-digit result is no answer (and would overflow the float maths of the tables).
+    if _too_large(data):
+        raise ValueError("the result is beyond 1e30, which describes no real machine; "
+                         "give realistic sizes (--layers, --hidden, --heads, --seq, --micro-batch, ...)")
+    print(json.dumps(data) if args.json else result.table())
+    return 0
+
+
 def layout_from(args: argparse.Namespace, global_batch: int | None) -> Layout:
     kw = {name: getattr(args, name) for name in DEGREES + ("zero", "micro_batch", "recompute")
           if getattr(args, name, None) is not None}
@@ -67,10 +92,9 @@ def layout_from(args: argparse.Namespace, global_batch: int | None) -> Layout:
 
 
 def run_estimate(args: argparse.Namespace) -> int:
-    from partrain_edu.theory.cli import _emit
     model = model_from(args)
     device = canonical(args.device)
-    return _emit(args, estimate(model, layout_from(args, args.global_batch).check(model), device))
+    return emit(args, estimate(model, layout_from(args, args.global_batch).check(model), device))
 
 
 def add_estimate(subparsers, positive_int, json_flag) -> None:

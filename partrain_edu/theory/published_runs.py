@@ -17,6 +17,8 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
+from partrain_edu.theory.calibration import terms
+from partrain_edu.theory.estimate import estimate
 from partrain_edu.theory.layout import Layout
 from partrain_edu.theory.model_spec import ModelSpec
 
@@ -101,6 +103,4 @@ def metric_of(run: PublishedRun, result) -> float:
 
 def predicted_metric(run: PublishedRun, fitted: dict | None = None) -> float:
     """The model's value for this run in its own convention, with the stored (or `fitted`) efficiency terms."""
-    from partrain_edu.theory.calibration import terms
-    from partrain_edu.theory.estimate import estimate
     return metric_of(run, estimate(run.model, run.layout, run.device, eff=terms(run.device, fitted)))
