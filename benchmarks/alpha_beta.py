@@ -16,7 +16,7 @@ import argparse
 import json
 import os
 
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 from partrain_edu.theory.traffic import collective_time, fit_alpha_beta
 
 SCRIPT = r"""

@@ -16,7 +16,7 @@ import argparse
 import json
 import statistics
 
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 from partrain_edu.units import format_bytes
 
 SCRIPT = r"""

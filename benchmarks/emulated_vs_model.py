@@ -15,7 +15,7 @@ import json
 import time
 from pathlib import Path
 
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 
 RANKS = Path(__file__).resolve().parent.parent / "tests" / "ranks" / "emulated.py"
 

@@ -18,7 +18,7 @@ import json
 import statistics
 import time
 
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 
 MEMORY = r"""
 import json, sys, torch

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from partrain_edu.launch import run_cell_magic
+from partrain_edu.notebook.magics import run_cell_magic
 
 SCRIPT = """
 import torch, torch.distributed as dist

@@ -16,7 +16,7 @@ import json
 import statistics
 import sys
 
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 
 SCRIPT = r"""
 import sys, time

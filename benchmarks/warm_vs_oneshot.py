@@ -2,8 +2,8 @@
 
     python benchmarks/warm_vs_oneshot.py [--nproc 2 4] [--repeats 5] [--cells 20]
 
-For each world size, in one run: a one-shot `launch.torchrun` of a trivial all-reduce script (start torchrun,
-import torch, rendezvous, one all-reduce, tear down), and the same all-reduce as a cell on a `warm.Pool` started
+For each world size, in one run: a one-shot `launcher.torchrun` of a trivial all-reduce script (start torchrun,
+import torch, rendezvous, one all-reduce, tear down), and the same all-reduce as a cell on a `launcher.Pool` started
 once — as the bare cell, and as the whole script again (a `%%torchrun` cell pasted into `%%dist`, whose
 `runtime.init()` rebuilds the process group). One-shot launches and warm cells alternate, so drift in the machine's
 load hits both alike. Prints medians and the ratio one-shot / warm; the goal is a warm median ≤ 0.3 s and ≥ 10×.
@@ -16,8 +16,8 @@ import statistics
 import sys
 import time
 
-from partrain_edu.launch import torchrun
-from partrain_edu.warm import Pool
+from partrain_edu.launcher import torchrun
+from partrain_edu.launcher.warm.pool import Pool
 
 CELL = "t = torch.ones(1)\ndist.all_reduce(t)\nassert t.item() == world_size\n"
 SCRIPT = "import torch\nimport torch.distributed as dist\nfrom partrain_edu import runtime\nctx = runtime.init()\n" \

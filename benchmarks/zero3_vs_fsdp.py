@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 
 SCRIPT = r"""
 import sys, time, statistics

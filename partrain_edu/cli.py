@@ -27,7 +27,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def _timeout(text: str) -> float | None:
-    """--timeout as seconds (None: `none`), as `launch.check_timeout` reads it, without importing it."""
+    """--timeout as seconds (None: `none`), as `launcher.check_timeout` reads it, without importing it."""
     if text.lower() == "none":
         return None
     try:
@@ -48,7 +48,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from partrain_edu import train  # imports torch: only the train command pays for it
-    from partrain_edu.launch import TorchrunError
+    from partrain_edu.launcher import TorchrunError
     from partrain_edu.strategies import get_strategy
     from partrain_edu.strategies.emulation import check as check_emulation
 

@@ -18,7 +18,7 @@ import time
 
 from tqdm import tqdm
 
-from partrain_edu.status_line import Ticker
+from partrain_edu.launcher.status_line import Ticker
 
 DELAY_S = 5.0  # runs shorter than this show nothing
 

@@ -90,11 +90,11 @@ PROGRESS_TAG = "partrain-progress"
 def launch(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
            echo: Callable[[int | None, str], None] | None = None, timeout: float | None = None) -> dict:
     """Train with `cfg` and return the report (the `train --json` object). One process runs here, in a
-    world of one; more run under torchrun (`partrain_edu.launch.torchrun`), their report published by rank 0.
+    world of one; more run under torchrun (`launcher.oneshot.torchrun`), their report published by rank 0.
     `on_step(step, loss)` follows progress (without one, a run longer than a few seconds shows a progress bar:
     `partrain_edu.progress`); `echo(rank, line)` receives the ranks' other output. After `timeout` seconds
     (None: no limit) the run is stopped, in this process or on every rank."""
-    from partrain_edu.launch import check_timeout
+    from partrain_edu.launcher import check_timeout
 
     timeout = check_timeout(timeout)
     get_strategy(cfg.strategy).layout(cfg)  # every size check before a process starts
@@ -108,7 +108,7 @@ def launch(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None
 
 def _launch(cfg: TrainConfig, on_step: Callable[[int, float], None], echo: Callable[[int | None, str], None] | None,
             timeout: float | None) -> dict:
-    from partrain_edu.launch import call_with_timeout, torchrun
+    from partrain_edu.launcher import call_with_timeout, torchrun
 
     if cfg.nproc == 1 or get_strategy(cfg.strategy).in_process:
         torch.set_num_threads(1)  # as under torchrun (OMP_NUM_THREADS=1): the same numbers either way

@@ -1,4 +1,4 @@
-"""Shared test helpers. Multi-process tests go through `partrain_edu.launch.torchrun` (free ports, no leftovers)."""
+"""Shared test helpers. Multi-process tests go through `partrain_edu.launcher.oneshot.torchrun` (free ports, no leftovers)."""
 import os
 from pathlib import Path
 

@@ -14,7 +14,7 @@ import torch
 
 from partrain_edu import checkpoint, checkpoint_files, runtime
 from partrain_edu.data import SyntheticTokens
-from partrain_edu.launch import TorchrunError, torchrun
+from partrain_edu.launcher import TorchrunError, torchrun
 from partrain_edu.models import GPTConfig, TinyGPT
 from partrain_edu.strategies.fsdp import Zero3
 from partrain_edu.strategies.zero import Zero1

@@ -1,7 +1,7 @@
 """CommTracer: what it records, the ring cost model's numbers, and that tracing changes nothing.
 
 In-process tests use a world of one (HashStore, no port). The multi-process tests run one script per world
-size (2 and 4 ranks) through `partrain_edu.launch.torchrun`; the script gathers every rank's records to
+size (2 and 4 ranks) through `partrain_edu.launcher.oneshot.torchrun`; the script gathers every rank's records to
 rank 0, which publishes them, and the assertions below recompute each number from the formula.
 """
 import dataclasses
@@ -14,7 +14,7 @@ import torch.distributed.distributed_c10d as c10d
 from partrain_edu.comm import costs as comm_costs
 from partrain_edu.comm import tracer as comm_tracer
 from partrain_edu.comm import CommRecord, CommTracer
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 
 
 def patched_names() -> dict:

@@ -1,6 +1,6 @@
 """Nothing a run starts outlives it (issue 30, L1): a rank's child that double-forks, calls setsid and clears
 its environment — invisible to the /proc scan by run id or ancestry — is gone when `torchrun()` returns and when
-a warm pool stops, because every run gets a cgroup of its own where the machine allows (`_cgroup.py`)."""
+a warm pool stops, because every run gets a cgroup of its own where the machine allows (`cgroup.py`)."""
 import os
 import signal
 import subprocess
@@ -12,15 +12,15 @@ import pytest
 
 from conftest import processes_with
 
-from partrain_edu import _cgroup
-from partrain_edu.launch import torchrun
-from partrain_edu.warm import Pool
+from partrain_edu.launcher import cgroup
+from partrain_edu.launcher import torchrun
+from partrain_edu.launcher.warm.pool import Pool
 
 
 
 def cgroups_here() -> bool:
-    path = _cgroup.create("probe-" + uuid.uuid4().hex)
-    _cgroup.kill(path)
+    path = cgroup.create("probe-" + uuid.uuid4().hex)
+    cgroup.kill(path)
     return path is not None
 
 
@@ -69,8 +69,8 @@ def test_the_daemon_of_a_warm_rank_is_gone_when_the_pool_stops():
 
 
 def test_a_run_cgroup_is_removed_once_killed():
-    path = _cgroup.create(uuid.uuid4().hex)
-    _cgroup.kill(path)
+    path = cgroup.create(uuid.uuid4().hex)
+    cgroup.kill(path)
     assert not os.path.exists(path)
 
 
@@ -78,7 +78,7 @@ def test_the_daemon_is_gone_when_the_caller_is_killed(tmp_path):
     """The launcher SIGKILLed mid-run: the ranks' watchdogs kill the run's cgroup, the daemon in it."""
     seconds = unique_seconds()
     script = tmp_path / "caller.py"
-    script.write_text("from partrain_edu.launch import torchrun\n"
+    script.write_text("from partrain_edu.launcher import torchrun\n"
                       f"torchrun({DAEMON.format(seconds=seconds) + 'import time; time.sleep(600)'!r}, nproc=2)\n")
     caller = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from partrain_edu.config import TrainConfig
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 from partrain_edu.models import GPTConfig
 from partrain_edu.parallel.context import Sharding
 from partrain_edu.strategies import get_strategy

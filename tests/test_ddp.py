@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from partrain_edu import runtime
 from partrain_edu.data import SyntheticTokens
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 from partrain_edu.models import TinyGPT, TinyMLP
 from partrain_edu.parallel.buckets import GradBucketHooks, plan_buckets
 from partrain_edu.theory.traffic import step_traffic

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 
 RANKS = Path(__file__).parent / "ranks" / "ddp_generic.py"
 

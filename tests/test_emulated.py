@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from partrain_edu import emulated
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 from partrain_edu.config import TrainConfig
 from partrain_edu.theory.calibration import terms
 from partrain_edu.theory.hardware import DEVICES, GPT_1_3B, device_named, layer_forward_flops, layer_seconds
@@ -111,7 +111,7 @@ def test_alpha_and_beta_are_recovered_from_timed_collectives():
 
 
 def test_a_torchrun_cell_picks_its_device_from_the_magic_line():
-    from partrain_edu.notebook import MagicUsageError, run_cell_magic
+    from partrain_edu.notebook.magics import MagicUsageError, run_cell_magic
 
     ns: dict = {}
     cell = ("from partrain_edu import runtime\nctx = runtime.init()\n"

@@ -11,7 +11,7 @@ import torch.nn as nn
 
 import unseen_models as um
 from partrain_edu import runtime
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 from partrain_edu.parallel.fsdp import FullyShardedDataParallel
 
 RANKS = Path(__file__).parent / "ranks" / "fsdp_generic.py"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from partrain_edu.config import TrainConfig
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 from partrain_edu.strategies import get_strategy
 from partrain_edu.theory.traffic import ring_bytes_sent, step_traffic
 from partrain_edu.train import launch

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from partrain_edu.config import TrainConfig
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 from partrain_edu.theory import grid
 from partrain_edu.theory.traffic import ring_bytes_sent
 from partrain_edu.strategies import get_strategy

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from partrain_edu.launch import TorchrunError, run_cell_magic, torchrun
+from partrain_edu.launcher import TorchrunError, torchrun
+from partrain_edu.notebook.magics import run_cell_magic
 
 MARKER_ENV = "PARTRAIN_TEST_MARKER"
 
@@ -185,7 +186,7 @@ def test_backend_option_reaches_the_ranks_and_one_rank_works():
 
 
 def test_torchrun_report_parsing_finds_every_failed_rank():
-    from partrain_edu._diagnose import torchrun_exit_codes
+    from partrain_edu.launcher.diagnose.oneshot import torchrun_exit_codes
 
     report = """Failures:
 [1]:
@@ -201,10 +202,10 @@ Root Cause (first observed failure):
 
 
 def test_a_peer_vanished_error_is_never_named_the_cause(tmp_path):
-    from partrain_edu._diagnose import failure
-    from partrain_edu.launch import _Run
+    from partrain_edu.launcher.diagnose.oneshot import failure
+    from partrain_edu.launcher.output import Run
 
-    run = _Run(2, tmp_path, lambda rank, text: None, None)
+    run = Run(2, tmp_path, lambda rank, text: None, None)
     (tmp_path / "rank0.error").write_text(json.dumps({"rank": 0, "time": 1.0, "timed_out": False,
                                                       "traceback": "RuntimeError: Connection closed by peer"}))
     (tmp_path / "rank1.error").write_text(json.dumps({"rank": 1, "time": 1.2, "timed_out": True,

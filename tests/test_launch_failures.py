@@ -13,10 +13,12 @@ import time
 
 import pytest
 
-from partrain_edu import _call_findings, _calls, _procs
-from partrain_edu._diagnose import explain_mismatch, failure
-from partrain_edu.launch import TorchrunError, TorchrunInterrupted, _Run, call_with_timeout, torchrun
-from partrain_edu.notebook import MagicUsageError, parse_magic_line, run_cell_magic
+from partrain_edu.launcher.diagnose import findings
+from partrain_edu.launcher import call_records, processes
+from partrain_edu.launcher.diagnose.oneshot import explain_mismatch, failure
+from partrain_edu.launcher import TorchrunError, TorchrunInterrupted, call_with_timeout, torchrun
+from partrain_edu.launcher.output import Run
+from partrain_edu.notebook.magics import MagicUsageError, parse_magic_line, run_cell_magic
 from test_launch import leftovers, new_marker
 
 HEADER = "import os, signal, subprocess, sys, time\nfrom partrain_edu import runtime\nctx = runtime.init()\n"
@@ -61,7 +63,7 @@ def test_any_bytes_anyone_writes_on_a_rank_are_shown_as_that_rank():
 
 CALLER = """
 import sys
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 code = '''
 import subprocess, time
 subprocess.Popen(["sleep", "600"], start_new_session=True)
@@ -128,7 +130,7 @@ def test_a_rank_that_skips_a_collective_and_finishes_is_named():
 def test_a_peer_that_left_without_a_trace_is_named_not_the_rank_it_left_waiting(tmp_path):
     """The race behind the test above: rank 1 finished its script, rank 0's collective failed, and torchrun
     stopped rank 1 before it wrote its .done. Every error blames a vanished peer: the peer is the cause."""
-    run = _Run(2, tmp_path, lambda rank, text: None, None)
+    run = Run(2, tmp_path, lambda rank, text: None, None)
     for rank in (0, 1):
         (tmp_path / f"rank{rank}.pid").write_text("1")
     (tmp_path / "rank0.error").write_text(json.dumps({"rank": 0, "time": 1.0, "timed_out": False, "traceback":
@@ -209,10 +211,10 @@ def test_comm_tracer_counts_the_same_bytes_on_top_of_the_call_records():
         import inspect
         from pathlib import Path
         import torch, torch.distributed as dist
-        from partrain_edu import _calls
+        from partrain_edu.launcher import call_records
         from partrain_edu.comm import CommTracer
         from partrain_edu.runtime import PUBLISH_DIR_ENV
-        recorded = dist.all_reduce.__code__.co_filename == _calls.__file__ and dist.isend is dist.distributed_c10d.isend
+        recorded = dist.all_reduce.__code__.co_filename == call_records.__file__ and dist.isend is dist.distributed_c10d.isend
         signature_kept = inspect.signature(dist.all_reduce) == inspect.signature(inspect.unwrap(dist.all_reduce))
         peer = 1 - ctx.rank
         early = [dist.P2POp(dist.isend, torch.ones(8), peer), dist.P2POp(dist.irecv, torch.empty(8), peer)]
@@ -223,7 +225,7 @@ def test_comm_tracer_counts_the_same_bytes_on_top_of_the_call_records():
                 work.wait()
             dist.all_gather_object([None, None], ctx.rank)
         del early, work
-        last = _calls.read(Path(os.environ[PUBLISH_DIR_ENV]).parent, 2)[ctx.rank]
+        last = call_records.read(Path(os.environ[PUBLISH_DIR_ENV]).parent, 2)[ctx.rank]
         runtime.publish("seen", (recorded, signature_kept, tracer.summary(), last.op, last.state, last.number))
     """)
     assert not isinstance(result, TorchrunError), result
@@ -240,7 +242,7 @@ def test_comm_tracer_counts_the_same_bytes_on_top_of_the_call_records():
 def write_calls(folder, *calls: tuple, ranks: tuple[int, ...] = (0, 1, 2, 3)) -> None:
     """Each call: (rank, state, number, op, tensors[, root]) as a rank's recorder writes it, on group "0" of `ranks`."""
     for rank, state, number, op, tensors, *root in calls:
-        (folder / f"rank{rank}.calls").write_bytes(_calls._RECORD.pack(
+        (folder / f"rank{rank}.calls").write_bytes(call_records._RECORD.pack(
             b"PTC1", state[0].encode(), number, root[0] if root else -1, b"0", ",".join(map(str, ranks)).encode(),
             op.encode(), tensors.encode()))
 
@@ -249,10 +251,10 @@ def test_a_rank_that_ended_is_named_with_how_far_it_got(tmp_path):
     write_calls(tmp_path, (0, "in", 4, "all_reduce", "float32[4]"), (1, "in", 4, "all_reduce", "float32[4]"),
                 (2, "out", 3, "all_reduce", "float32[4]"), ranks=(0, 1, 2))
     (tmp_path / "rank2.done").touch()
-    assert _call_findings.explain_calls(tmp_path, 3).startswith(
+    assert findings.explain_calls(tmp_path, 3).startswith(
         "rank 2 ended after 3 collectives while ranks 0, 1 wait in their 4th (all_reduce float32[4] on ranks 0–2). "
         "Every rank must make the same collective calls in the same order")
-    assert _call_findings.diagnose(tmp_path, 3, live=True).kind == "behind"  # told at a timeout; never stops a run early
+    assert findings.diagnose(tmp_path, 3, live=True).kind == "behind"  # told at a timeout; never stops a run early
 
 
 @pytest.mark.parametrize("calls, live, words", [
@@ -286,14 +288,14 @@ def test_a_rank_that_ended_is_named_with_how_far_it_got(tmp_path):
 ])
 def test_the_call_records_tell_a_mismatch_from_ranks_that_are_merely_out_of_step(tmp_path, calls, live, words):
     write_calls(tmp_path, *calls)
-    found = _call_findings.diagnose(tmp_path, 4, live=live)
+    found = findings.diagnose(tmp_path, 4, live=live)
     assert (found is None) if words is None else found.text.startswith(words), found
 
 
 def test_a_watch_reports_a_mismatch_only_once_it_has_stood_still(tmp_path, monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr(_call_findings.time, "monotonic", lambda: clock[0])
-    watch = _call_findings.Watch(tmp_path, 2)
+    monkeypatch.setattr(findings.time, "monotonic", lambda: clock[0])
+    watch = findings.Watch(tmp_path, 2)
 
     def poll_at(t: float, *calls: tuple):
         clock[0] = t
@@ -366,8 +368,8 @@ def test_the_stop_button_stops_every_rank_and_says_so_in_one_line():
 LISTENING = """
 import glob
 import torch.distributed as dist
-from partrain_edu import _procs
-pids = [os.getpid()] + [p.pid for p in _procs.run_members(os.environ[_procs.RUN_ENV])]
+from partrain_edu.launcher import processes
+pids = [os.getpid()] + [p.pid for p in processes.run_members(os.environ[processes.RUN_ENV])]
 inodes = set()
 for pid in pids:
     for link in glob.glob(f"/proc/{pid}/fd/*"):
@@ -398,14 +400,15 @@ def test_the_run_listens_on_loopback_only():
 
 STOP_HARNESS = """
 import os, pathlib, subprocess, tempfile
-from partrain_edu.launch import _Run, _stop
-run = _Run(1, pathlib.Path(tempfile.mkdtemp()), lambda rank, text: None, None)
+from partrain_edu.launcher.output import Run
+from partrain_edu.launcher.supervise import stop
+run = Run(1, pathlib.Path(tempfile.mkdtemp()), lambda rank, text: None, None)
 (run.run_dir / "rank0.pid").write_text("")  # a rank between open("w") and write(): the old launcher read PID 0
 sibling = subprocess.Popen(["sleep", "30"])  # shares this process group, which is not the run's
 member = subprocess.Popen(["sleep", "31"], env={**os.environ, "PARTRAIN_RUN_ID": run.run_id},
                           start_new_session=True)
 torchrun_stand_in = subprocess.Popen(["sleep", "32"], start_new_session=True)
-_stop(torchrun_stand_in, run)
+stop([torchrun_stand_in], run)
 print("member killed", member.wait(5), "sibling alive", sibling.poll() is None, "torchrun", torchrun_stand_in.poll())
 sibling.kill()
 """
@@ -421,12 +424,12 @@ def test_stopping_a_run_kills_its_processes_and_nothing_else():
 def test_a_pid_whose_process_changed_is_never_signalled():
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
-        now = _procs.read(sleeper.pid)
-        reused = _procs.Proc(now.pid, now.ppid, now.pgid, now.start - 1)  # same PID, another process's start time
-        _procs.signal_each([reused], signal.SIGKILL)
+        now = processes.read(sleeper.pid)
+        reused = processes.Proc(now.pid, now.ppid, now.pgid, now.start - 1)  # same PID, another process's start time
+        processes.signal_each([reused], signal.SIGKILL)
         time.sleep(0.2)
         assert sleeper.poll() is None
-        _procs.signal_each([now], signal.SIGKILL)
+        processes.signal_each([now], signal.SIGKILL)
         assert sleeper.wait(5) == -signal.SIGKILL
     finally:
         sleeper.kill()

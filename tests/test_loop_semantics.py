@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 
 RANKS = Path(__file__).parent / "ranks" / "loop_accumulation.py"
 FP32 = 1e-6

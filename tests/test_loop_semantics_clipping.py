@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from partrain_edu import runtime
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 
 RANKS = Path(__file__).parent / "ranks" / "loop_clipping.py"
 OURS = {"ZeroOptimizer stage 1": "opt.clip_grad_norm_", "ZeroOptimizer stage 2": "opt.clip_grad_norm_",

@@ -10,7 +10,7 @@ import pytest
 
 import unseen_models as um
 from partrain_edu.gaps import pairs_gap
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 from partrain_edu.models import TinyGPT, count_params
 from partrain_edu.theory.memory import model_state_bytes
 from partrain_edu.theory.traffic import step_traffic

@@ -9,7 +9,7 @@ One 4-rank launch runs every distributed check and publishes the numbers; the te
 import pytest
 import torch
 
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 from partrain_edu.parallel.moe import MoE
 from partrain_edu.parallel.moe_routing import route, within_capacity
 from partrain_edu.theory import moe as theory

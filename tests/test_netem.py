@@ -13,7 +13,7 @@ import time
 import pytest
 
 from partrain_edu import netem
-from partrain_edu.launch import TorchrunError
+from partrain_edu.launcher import TorchrunError
 from partrain_edu.netem import links
 from partrain_edu.theory.traffic import LATENCY, collective_time
 from test_launch import MARKER_ENV, leftovers, new_marker

@@ -8,7 +8,7 @@ Timings are printed (measured bubble beside the formula), never asserted.
 import pytest
 
 from partrain_edu.config import TrainConfig
-from partrain_edu.launch import TorchrunError, torchrun
+from partrain_edu.launcher import TorchrunError, torchrun
 from partrain_edu.models import GPTConfig, TinyGPT
 from partrain_edu.theory.schedules import build_schedule, simulate
 from partrain_edu.theory.traffic import step_traffic

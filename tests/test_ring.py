@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from partrain_edu import runtime
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 from partrain_edu.parallel.ring import chunk_bounds, ring_all_reduce, ring_bytes_sent_by
 from partrain_edu.theory.traffic import ring_bytes_sent
 

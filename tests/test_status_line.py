@@ -7,10 +7,12 @@ import threading
 
 import pytest
 
-from partrain_edu import notebook, status_line
+from partrain_edu.notebook import live_output
+from partrain_edu.notebook import magics as notebook
+from partrain_edu.launcher import status_line
 from partrain_edu.grading import run_check
-from partrain_edu.launch import run_cell_magic
-from partrain_edu.status_line import RankStatus, StatusLine
+from partrain_edu.notebook.magics import run_cell_magic
+from partrain_edu.launcher.status_line import RankStatus, StatusLine
 from test_grading_ranks import ring_receive_first  # every rank receives before it sends: a deadlock
 
 
@@ -36,7 +38,7 @@ def kernel(monkeypatch) -> list[_Handle]:
 
     monkeypatch.setattr("IPython.display.display", display)
     monkeypatch.setattr(status_line, "in_kernel", lambda: True)
-    monkeypatch.setattr(notebook, "in_kernel", lambda: True)
+    monkeypatch.setattr(live_output, "in_kernel", lambda: True)
     monkeypatch.setattr(status_line, "DELAY_S", 0.5)
     monkeypatch.setattr(status_line, "TICK_S", 0.2)
     return handles
@@ -121,7 +123,7 @@ def test_in_a_kernel_warm_ranks_show_the_line_while_they_start_and_while_a_cell_
 
 
 def test_rank_lines_that_come_close_together_are_all_shown_by_the_next_tick(kernel):
-    live = notebook.LiveOutput()
+    live = live_output.LiveOutput()
     live.line(0, "first")
     live.line(1, "second")  # within REFRESH_S of the first drawing: not drawn yet
     assert kernel[0].texts()[-1] == "[rank 0] first"

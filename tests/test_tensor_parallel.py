@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from partrain_edu.config import TrainConfig
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 from partrain_edu.models import GPTConfig, TinyGPT
 from partrain_edu.parallel.tensor import check_plan
 from partrain_edu.strategies.tensor import TP_PLAN, check_divisible

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import unseen_tp_pp_models as um
 from partrain_edu import runtime
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 from partrain_edu.parallel.pipeline import PipelineExecutor, Stage, split_layers
 from partrain_edu.parallel.pp_comm import Boundary, Mailbox
 from partrain_edu.parallel.tensor import check_plan, parallelize

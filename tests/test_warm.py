@@ -1,4 +1,4 @@
-"""Warm ranks (`partrain_edu.warm`, `%dist` / `%%dist`): variables live from cell to cell, and every way a cell can
+"""Warm ranks (`partrain_edu.launcher.warm.pool`, `%dist` / `%%dist`): variables live from cell to cell, and every way a cell can
 fail ends in one clear error within seconds — the pool still usable when it can be, nothing left running when not.
 Each test has a deadline; each pool carries a marker in its environment, so a leftover process cannot hide."""
 import _thread
@@ -17,8 +17,8 @@ from typing import Callable
 
 import pytest
 
-from partrain_edu.notebook import MagicUsageError, run_dist_magic
-from partrain_edu.warm import DistError, DistInterrupted, Pool
+from partrain_edu.notebook.magics import MagicUsageError, run_dist_magic
+from partrain_edu.launcher.warm.pool import DistError, DistInterrupted, Pool
 from conftest import REPO
 from test_launch import leftovers, new_marker
 
@@ -90,7 +90,7 @@ def test_a_raising_rank_leaves_the_pool_usable(pool):
     assert error.rank == 1 and not error.pool_stopped and error.outputs == {0: "fine\n"}
     assert text.startswith("rank 1 failed:") and text.count("Traceback") == 1
     assert "in broken_layer" in text and "    raise ValueError(f'rank {rank}: wrong shape')" in text  # the source
-    assert "ValueError: rank 1: wrong shape" in text and "_warm_rank" not in text
+    assert "ValueError: rank 1: wrong shape" in text and "rank_loop" not in text
     assert error._render_traceback_() == [f"DistError: {text}"]
     assert pool.run("print(kept)").outputs == {0: "still here\n", 1: "still here\n"}
 
@@ -180,7 +180,7 @@ def test_ranks_left_waiting_for_a_raising_rank_bring_the_pool_down():
 
 EXITING = """
 import threading, time
-from partrain_edu.warm import Pool
+from partrain_edu.launcher.warm.pool import Pool
 pools = []
 maker = threading.Thread(target=lambda: pools.append(Pool(2, echo=None)))  # a thread that then ends
 maker.start()

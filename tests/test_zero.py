@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from partrain_edu.config import TrainConfig
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 from partrain_edu.models import GPTConfig, TinyGPT, count_params
 from partrain_edu.theory.memory import model_state_bytes
 from partrain_edu.theory.traffic import step_traffic

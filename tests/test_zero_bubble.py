@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import unseen_tp_pp_models as um
 from partrain_edu import runtime
 from partrain_edu.config import TrainConfig
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 from partrain_edu.parallel.pipeline import PipelineExecutor, Stage
 from partrain_edu.parallel.pp_comm import Mailbox
 from partrain_edu.theory.schedules import build_schedule, simulate

@@ -9,7 +9,7 @@ import torch
 
 import unseen_models as um
 from partrain_edu import runtime
-from partrain_edu.launch import torchrun
+from partrain_edu.launcher import torchrun
 from partrain_edu.parallel.zero import ZeroOptimizer
 
 RANKS = Path(__file__).parent / "ranks" / "zero_optimizer.py"

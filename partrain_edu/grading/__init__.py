@@ -6,7 +6,7 @@
 A check grades values *and* the resource the lesson is about (bytes sent, bytes held, bubble, activations).
 It prints one line on a pass and raises AssertionError on a failure (so nbval and pytest see it) with which
 rank, what differed (expected vs got, shapes) and a hint. Multi-rank checks run the learner's function source
-on N ranks through `partrain_edu.launch.torchrun` with a timeout (a deadlock ends in a message, never a hang);
+on N ranks through `launcher.oneshot.torchrun` with a timeout (a deadlock ends in a message, never a hang);
 the ranks only report what came out, and the caller judges it against values it computes itself.
 `partrain-edu check PATH` grades whole notebooks, untrusted ones in a sandbox (see `grader.py`).
 """

@@ -1,7 +1,7 @@
 """Launch the observe half of a multi-rank check on N ranks and bring back what they published: the JSON text
 of every rank's observations (rank_observe.main), to be verified by the caller (observations.verify).
 
-The launcher (`partrain_edu.launch.torchrun`) hands back what rank 0 published by unpickling it in the calling
+The launcher (`launcher.oneshot.torchrun`) hands back what rank 0 published by unpickling it in the calling
 process; the grading path publishes only a JSON string, and a rank that publishes something else gets a
 failure here. For `partrain-edu check` this runs in the sandbox (rank_runner.py), so the grader itself reads
 nothing but that text off the channel. A rank that raises, hangs or exits early becomes a LearnerError worded
@@ -22,8 +22,8 @@ RANK_CODE = "from partrain_edu.grading.rank_observe import main\nmain()\n"
 
 def observe_on_ranks(spec, sources: list[Source], timeout: float) -> str:
     """The published JSON text of check `spec` run on `spec.nproc` ranks with the learner's `sources`."""
-    from partrain_edu.launch import TorchrunError, torchrun
-    from partrain_edu.status_line import RankStatus
+    from partrain_edu.launcher import TorchrunError, torchrun
+    from partrain_edu.launcher.status_line import RankStatus
 
     with tempfile.TemporaryDirectory(prefix="partrain_check_") as tmp:
         job = Path(tmp) / "job.json"

@@ -6,7 +6,8 @@ named definitions and what they use (found in the module's syntax tree), so `fro
 import chunk_bounds` works in a submission and on its ranks while `ring_all_reduce` exists nowhere in the
 sandbox: not as a module, not in sys.modules, not as a file to read or exec (nor, EMPTIED, a check's own
 reference). EXPOSED is `imports.ALLOWED`'s part of these packages plus what the checks' own sandboxed halves
-import (the ring's byte count, the parameter count and device table of exercise 13); none solves an exercise.
+import (the ring's byte count, the parameter count and device table of exercise 13) and the ring formula the
+comm cost rules use; none solves an exercise.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ EXPOSED: dict[str, tuple[str, ...]] = {
     "theory.schedules": ("simulate", "Action", "Schedule"),
     "theory.memory": ("gpt_param_count",),
     "theory.hardware": ("DEVICES",),
+    "theory.traffic": ("ring_bytes_sent",),   # comm.costs prices the ranks' collectives with it
 }
 # The trusted half of an in-process check whose very text states the answer (exercise 13's closed forms): the
 # sandbox never runs it, so it gets an empty file there (its ranks and kernel import the module, find nothing).

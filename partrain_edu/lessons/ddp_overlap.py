@@ -75,7 +75,7 @@ def _rank_main() -> None:
 def exposed_communication(nproc: int = 8, device: str = "emulated:a100,scale=1") -> dict:
     """Run the three synchronisations of TinyGPT on `nproc` ranks of `device`: {"ranks", "link", "variants":
     {name: {"step_s", "compute_s", "exposed_s"}}}, emulated seconds of one step."""
-    from partrain_edu.launch import torchrun
+    from partrain_edu.launcher import torchrun
 
     done = torchrun("", nproc=nproc, module="partrain_edu.lessons.ddp_overlap", args=[device], echo=None)
     return done.published["results"]

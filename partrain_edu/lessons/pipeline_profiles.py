@@ -32,7 +32,7 @@ def profile_schedules(names: list[str], microbatches: int, nproc: int = 4, devic
                       bounds: list[int] | None = None, timeout: float | None = 900) -> dict[str, dict]:
     """{strategy: {"events", "peaks", "bubble"}} of one measured step of each pp-* strategy on `nproc` fresh
     ranks; `bounds` are the first layer of each stage after the first (None: `split_layers`' balanced split)."""
-    from partrain_edu.launch import torchrun
+    from partrain_edu.launcher import torchrun
 
     cut = "-" if bounds is None else ",".join(str(b) for b in bounds)
     args = [str(microbatches), ",".join(names), cut, device, str(layers)]

@@ -1,11 +1,11 @@
 """One emulated node's torchrun: the process `netem.TwoNodes.run` starts for each node.
 
-    python -m partrain_edu.netem._node LAUNCHER_PID HOSTNAME NETNS [torchrun options] -m partrain_edu._rank RUN_DIR
+    python -m partrain_edu.netem._node LAUNCHER_PID HOSTNAME NETNS [torchrun options] -m partrain_edu.launcher.rank RUN_DIR
 
 It becomes `ip netns exec NETNS python -m torch.distributed.run [torchrun options] ...` (exec, same process)
 after two things a real node has and a namespace alone does not:
-1. it dies with the launcher (PR_SET_PDEATHSIG, as `partrain_edu._agent`; kept across exec), and the ranks'
-   watchdogs (`partrain_edu._rank`) then stop the rest of the run;
+1. it dies with the launcher (PR_SET_PDEATHSIG, as `launcher.agent`; kept across exec), and the ranks'
+   watchdogs (`launcher.rank`) then stop the rest of the run;
 2. a hostname of its own (a UTS namespace): torchrun's c10d rendezvous hosts its store on the node whose name
    resolves to the endpoint's address (`_matches_machine_hostname`), orders nodes by name (node0's ranks come
    first), and hands the ranks MASTER_ADDR = rank 0's `socket.getfqdn()`. `ip netns exec` mounts
@@ -17,7 +17,8 @@ import ctypes
 import os
 import sys
 
-from partrain_edu._agent import die_with_parent
+from partrain_edu.launcher import cgroup
+from partrain_edu.launcher.processes import die_with_parent
 from partrain_edu.netem.links import IP
 
 CLONE_NEWUTS = 0x04000000  # <linux/sched.h>
@@ -32,6 +33,7 @@ def own_hostname(name: str) -> None:
 def main(argv: list[str]) -> None:
     launcher, hostname, netns, torchrun_args = int(argv[0]), argv[1], argv[2], argv[3:]
     die_with_parent(launcher)
+    cgroup.join(os.environ.get(cgroup.ENV))  # as the agent: all the ranks start stays in the run's cgroup
     own_hostname(hostname)
     os.execv(IP, [IP, "netns", "exec", netns, sys.executable, "-m", "torch.distributed.run", *torchrun_args])
 

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from partrain_edu import _procs
+from partrain_edu.launcher import processes
 
 PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])  # ip and tc live in sbin
 IP, TC = shutil.which("ip", path=PATH), shutil.which("tc", path=PATH)
@@ -97,7 +97,7 @@ class Links:
     def __init__(self, rate_bits: int | None, delay: str | None):
         self.rate_bits, self.delay = rate_bits, delay
         pid = os.getpid()
-        owner, number = (_procs.identity(pid) or f"{pid}:0").replace(":", "-"), next(Links._counter)
+        owner, number = (processes.identity(pid) or f"{pid}:0").replace(":", "-"), next(Links._counter)
         self.namespaces = [f"{PREFIX}{owner}-{number}-node{n}" for n in (0, 1)]
         self.addresses: list[str] = []
         self._made: list[str] = []
@@ -164,10 +164,10 @@ def _remove(ns: str) -> None:
     """Kill what runs inside `ns`, delete it (its veth end, and so the pair, goes with it) and its hosts file."""
     for _ in range(40):  # 2 s: a process in the middle of exiting holds the namespace a moment longer
         found = subprocess.run([IP, "netns", "pids", ns], capture_output=True, text=True).stdout.split()
-        procs = [p for p in map(_procs.read, map(int, found)) if p is not None]
+        procs = [p for p in map(processes.read, map(int, found)) if p is not None]
         if not procs:
             break
-        _procs.signal_each(procs, 9)
+        processes.signal_each(procs, 9)
         time.sleep(0.05)
     subprocess.run([IP, "netns", "del", ns], capture_output=True)
     shutil.rmtree(HOSTS_DIR / ns, ignore_errors=True)
@@ -181,7 +181,7 @@ def our_namespaces() -> list[str]:
 def remove_stale() -> list[str]:
     """Remove the namespaces (and hosts files) of runs whose process is gone: killed before it could clean up."""
     names = set(our_namespaces()) | {p.name for p in HOSTS_DIR.glob(f"{PREFIX}*")}
-    stale = sorted(ns for ns in names if (m := NAME.match(ns)) and not _procs.is_running(f"{m[1]}:{m[2]}"))
+    stale = sorted(ns for ns in names if (m := NAME.match(ns)) and not processes.is_running(f"{m[1]}:{m[2]}"))
     for ns in stale:
         _remove(ns)
     return stale

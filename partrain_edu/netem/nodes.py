@@ -5,7 +5,7 @@
 
 For each node, one torchrun in that node's namespace (`netem._node`), with the flags a learner types on two real
 nodes (`nodes.command(n, K)` prints them) and GLOO_SOCKET_IFNAME=eth0, so that Gloo talks over the shaped veth
-(ranks of one node reach each other on their own node). Each rank runs under `partrain_edu._rank`, as in
+(ranks of one node reach each other on their own node). Each rank runs under `launcher.rank`, as in
 `%%torchrun`: its lines come back as `[node n rank k] ...`, a failure is one `TorchrunError` naming the rank
 (`check=False`: the exit codes instead), `runtime.publish`ed values return, and on timeout, interrupt or a failed
 node everything of the run is stopped. The rendezvous may use one fixed port: nothing else lives in the
@@ -15,22 +15,20 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from partrain_edu import _procs
-from partrain_edu._diagnose import RANK_DEBUG_ENV, TorchrunInterrupted, failure, timeout_error
-from partrain_edu.launch import DEFAULT_RUN_TIMEOUT_S, KILL_GRACE_S, RANK_LINE, _Run, check_timeout
+from partrain_edu.launcher.diagnose.oneshot import failure, mismatch_error, timeout_error
+from partrain_edu.launcher.options import DEFAULT_RUN_TIMEOUT_S, check_timeout, rank_environment, script_path
+from partrain_edu.launcher.output import RANK_LINE, Run
+from partrain_edu.launcher.supervise import supervise
 from partrain_edu.netem import links
-from partrain_edu.runtime import DEFAULT_TIMEOUT_S, PUBLISH_DIR_ENV, TIMEOUT_ENV
+from partrain_edu.runtime import read_published
 
 PORT = 29500  # torchrun's default: free in a fresh namespace
 FAILED_NODE_GRACE_S = 5.0  # after one node failed, the other's ranks see "connection closed" within this
@@ -135,7 +133,7 @@ class TwoNodes:
                 self._saved_handlers[signum] = signal.signal(signum, leave)
 
     def command(self, node: int, nproc_per_node: int, script: str = "script.py") -> str:
-        """The command a learner types on real node `node`; `run` starts the same with `partrain_edu._rank`."""
+        """The command a learner types on real node `node`; `run` starts the same with `launcher.rank`."""
         return " ".join(["torchrun", *self._flags(node, nproc_per_node), script])
 
     def _flags(self, node: int, nproc_per_node: int) -> list[str]:
@@ -157,125 +155,47 @@ class TwoNodes:
         with tempfile.TemporaryDirectory(prefix="partrain_netem_") as tmp:
             run_dir = Path(tmp)
             (run_dir / "published").mkdir()
-            (run_dir / "argv.json").write_text(json.dumps([_target(script, run_dir), *map(str, args)]))
-            collector = _Collector(_Run(2 * nproc_per_node, run_dir, lambda rank, text: None, None), echo)
-            collective_timeout = DEFAULT_TIMEOUT_S if timeout is None else min(DEFAULT_TIMEOUT_S, 0.75 * timeout)
-            rank_env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                        "GLOO_SOCKET_IFNAME": links.INTERFACE, PUBLISH_DIR_ENV: str(run_dir / "published"),
-                        TIMEOUT_ENV: str(collective_timeout), _procs.RUN_ENV: collector.run.run_id,
-                        _procs.LAUNCHER_ENV: _procs.identity(os.getpid()) or ""}
-            for name, value in RANK_DEBUG_ENV.items():
-                rank_env.setdefault(name, value)
+            (run_dir / "argv.json").write_text(json.dumps([script_path(script, run_dir, "script.py"),
+                                                           *map(str, args)]))
+            run = Run(2 * nproc_per_node, run_dir, lambda rank, text: None, None)
+            nodes = _NodeLines(run, echo)
+            rank_env = {**rank_environment(run.run_id, run_dir / "published", timeout, env),
+                        "GLOO_SOCKET_IFNAME": links.INTERFACE}   # Gloo over the shaped veth, not loopback
             commands = [[sys.executable, "-m", "partrain_edu.netem._node", str(os.getpid()), f"node{n}", ns,
-                         *self._flags(n, nproc_per_node), "-m", "partrain_edu._rank", str(run_dir)]
+                         *self._flags(n, nproc_per_node), "-m", "partrain_edu.launcher.rank", str(run_dir)]
                         for n, ns in enumerate(built.namespaces)]
-            returncodes, wall_s, timed_out = _supervise(commands, rank_env, collector, timeout)
-            run = collector.finish()
-            if timed_out:
+            outcome = supervise(commands, rank_env, run, timeout, [nodes.taker(0), nodes.taker(1)],
+                                failed_grace_s=FAILED_NODE_GRACE_S)
+            # torchrun's reports node by node: its two-line failure blocks must not interleave
+            run.launcher = [*nodes.lines[0], *nodes.lines[1]]
+            if outcome.timed_out:
                 raise timeout_error(run, timeout)
+            if outcome.mismatch is not None:
+                raise mismatch_error(run, outcome.mismatch)
+            returncodes = dict(enumerate(outcome.returncodes))
             if check and any(returncodes.values()):
                 raise failure(run, next(code for code in returncodes.values() if code))
-            published = {}
-            for path in sorted((run_dir / "published").glob("*.pkl")):
-                with open(path, "rb") as f:
-                    published[path.stem] = pickle.load(f)
-            return NodesResult(returncodes, run.texts(), dict(collector.node_of),
-                               {n: "\n".join(lines) for n, lines in collector.node_lines.items()}, published, wall_s)
+            return NodesResult(returncodes, run.texts(), dict(nodes.node_of),
+                               {n: "\n".join(lines) for n, lines in nodes.lines.items()},
+                               read_published(run_dir / "published"), outcome.wall_s)
 
 
-def _target(script: str | os.PathLike, run_dir: Path) -> str:
-    if isinstance(script, os.PathLike) or (str(script).endswith(".py") and "\n" not in str(script)):
-        if not Path(script).is_file():
-            raise FileNotFoundError(f"no such script: {script}")
-        return str(Path(script).resolve())
-    path = run_dir / "script.py"
-    path.write_text(str(script))
-    return str(path)
+class _NodeLines:
+    """Both nodes' output: rank lines into the run (echoed with their node), torchrun's own lines kept per node."""
 
-
-class _Collector:
-    """Both nodes' output, line by line from two reader threads: rank lines into the launcher's `_Run` (and
-    echoed with their node), torchrun's own lines kept per node."""
-
-    def __init__(self, run: _Run, echo: Echo | None):
+    def __init__(self, run: Run, echo: Echo | None):
         self.run, self.echo = run, echo
         self.node_of: dict[int, int] = {}
-        self.node_lines: dict[int, list[str]] = {0: [], 1: []}
-        self.lock = threading.Lock()
-        self.readers: list[tuple[threading.Thread, Any]] = []
+        self.lines: dict[int, list[str]] = {0: [], 1: []}
 
-    def read(self, node: int, pipe: Any) -> None:
-        thread = threading.Thread(target=self._pump, args=(node, pipe), daemon=True, name=f"netem-node{node}")
-        thread.start()
-        self.readers.append((thread, pipe))
-
-    def _pump(self, node: int, pipe: Any) -> None:
-        for raw in iter(pipe.readline, b""):
-            line = raw.decode("utf-8", errors="replace").rstrip("\n")
-            with self.lock:
-                match = RANK_LINE.match(line)
-                if match is None:
-                    self.node_lines[node].append(line)
-                    continue
-                self.node_of[int(match.group(1))] = node
-                self.run.take(line)
-                if self.echo is not None:
-                    self.echo(node, int(match.group(1)), match.group(2))
-
-    def finish(self) -> _Run:
-        """Wait for what is left in the pipes (a few seconds at most), then hand over the run. torchrun's reports
-        go to `run.launcher` node by node: its two-line failure blocks must not interleave."""
-        for thread, pipe in self.readers:
-            thread.join(KILL_GRACE_S)
-            if not thread.is_alive():  # else a process nobody could kill still holds it: leave it to the thread
-                pipe.close()
-        with self.lock:
-            self.run.launcher = [*self.node_lines[0], *self.node_lines[1]]
-        return self.run
-
-
-def _supervise(commands: list[list[str]], env: dict[str, str], collector: _Collector,
-               timeout: float | None) -> tuple[dict[int, int], float, bool]:
-    """Start both nodes; wait until both exit, one failed and the other had FAILED_NODE_GRACE_S to follow, or
-    time is up; then stop every process of the run, whatever happened (a KeyboardInterrupt included)."""
-    start = time.perf_counter()
-    deadline = None if timeout is None else start + timeout
-    procs: list[subprocess.Popen] = []
-    timed_out, failed_at = False, None
-    try:
-        for n, command in enumerate(commands):
-            # A session of its own: Ctrl-C reaches only the launcher, which then stops the run itself.
-            proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-            procs.append(proc)
-            collector.read(n, proc.stdout)
-        while any(p.poll() is None for p in procs):
-            now = time.perf_counter()
-            if failed_at is None and any(p.poll() not in (None, 0) for p in procs):
-                failed_at = now
-            if deadline is not None and now >= deadline:
-                timed_out = True
-                break
-            if failed_at is not None and now - failed_at > FAILED_NODE_GRACE_S:
-                break
-            time.sleep(0.05)
-    except KeyboardInterrupt:
-        _stop(procs, collector.run.run_id)
-        raise TorchrunInterrupted(collector.run.nproc, time.perf_counter() - start, collector.run.texts()) from None
-    finally:
-        _stop(procs, collector.run.run_id)
-    return {n: p.returncode for n, p in enumerate(procs)}, time.perf_counter() - start, timed_out
-
-
-def _stop(procs: list[subprocess.Popen], run_id: str) -> None:
-    """SIGTERM, then SIGKILL after KILL_GRACE_S, to every process of the run, found by its PARTRAIN_RUN_ID."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    _procs.stop(lambda: _procs.run_members(run_id), KILL_GRACE_S)
-    for proc in procs:
-        try:
-            proc.wait(KILL_GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    def taker(self, node: int) -> Callable[[str], None]:
+        def take(line: str) -> None:
+            match = RANK_LINE.match(line)
+            if match is None:
+                self.lines[node].append(line)
+                return
+            self.node_of[int(match.group(1))] = node
+            self.run.take(line)
+            if self.echo is not None:
+                self.echo(node, int(match.group(1)), match.group(2))
+        return take

@@ -1,4 +1,4 @@
-"""Each rank's torch.distributed calls on record, without any communication (what they show: _call_findings.py).
+"""Each rank's torch.distributed calls on record, without any communication (what they show: diagnose/findings.py).
 
 `record(folder, rank)`, run by the rank wrappers before the learner's code, wraps the functions CommTracer traces
 (`comm.costs.COSTS`) in torch.distributed and its distributed_c10d. Each call overwrites the one fixed-size record of

@@ -5,7 +5,7 @@ escapes (a process can leave a cgroup only by being moved out, which needs the r
     join(path)                # the torchrun agent, before it starts any rank: everything it starts inherits it
     kill(path)                # the launcher, once the run is over: cgroup.kill, then the folder goes
 
-`_procs` finds a run's processes by their PARTRAIN_RUN_ID or their ancestry; a rank's child that double-forks,
+`processes` finds a run's processes by their PARTRAIN_RUN_ID or their ancestry; a rank's child that double-forks,
 calls setsid and clears its environment has neither, but it stays in the run's cgroup. Needs a writable cgroup2
 hierarchy with `cgroup.kill` (Linux 5.14), as root or in a delegated subtree; elsewhere `create` returns None
 and only the /proc scan stands (README, "What a run leaves behind").

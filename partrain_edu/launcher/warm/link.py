@@ -1,9 +1,9 @@
-"""The kernel's end of a warm pool (`partrain_edu.warm`): the torchrun process, and everything that comes from it.
+"""The kernel's end of a warm pool (`launcher.warm.pool`): the torchrun process, and everything that comes from it.
 
 One poll loop reads both channels: torchrun's merged output (every rank's `[rank k]` lines, torchrun's logging)
 and each rank's control socket (hello, done). A rank's line goes to the cell in flight until that rank's end mark,
 and to its next cell after; so no line of one cell ever shows up in another. torchrun is started from a thread that
-lives as long as it: the agent dies with the thread that started it (PR_SET_PDEATHSIG, see `partrain_edu._agent`),
+lives as long as it: the agent dies with the thread that started it (PR_SET_PDEATHSIG, see `launcher.agent`),
 and a pool may outlive the thread that created it.
 """
 from __future__ import annotations
@@ -16,9 +16,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-from partrain_edu import _cgroup, _procs, _warm_rank
-from partrain_edu._warm_diagnose import Cell
-from partrain_edu.launch import KILL_GRACE_S, RANK_LINE, _Lines
+from partrain_edu.launcher import cgroup, processes
+from partrain_edu.launcher.diagnose.warm import Cell
+from partrain_edu.launcher.options import KILL_GRACE_S
+from partrain_edu.launcher.output import RANK_LINE, Lines
+from partrain_edu.launcher.warm import rank_loop
 
 MARK_PREFIX = "#partrain-cell-end-"
 
@@ -32,33 +34,33 @@ class _Conn:
 
 class Link:
     def __init__(self, command: list[str], env: dict[str, str], listener: socket.socket):
-        self.listener, self.run_id = listener, env[_procs.RUN_ENV]
+        self.listener, self.run_id = listener, env[processes.RUN_ENV]
         self.cell: Cell | None = None  # the cell in flight
         self.launcher: list[str] = []  # torchrun's own lines, for the error messages
         self.pending: dict[int, list[str]] = {}  # what a rank wrote after its last cell's end mark
         self.conns: dict[int, _Conn] = {}  # by file descriptor
         self.socks: dict[int, socket.socket] = {}  # by rank
-        self.pids: dict[int, _procs.Proc] = {}
+        self.pids: dict[int, processes.Proc] = {}
         self.lost: list[int | None] = []  # ranks whose socket closed (their process ended), in that order
         self.poller = select.poll()
         self.poller.register(listener.fileno(), select.POLLIN)
-        self.cgroup = _cgroup.create(self.run_id)  # where allowed: nothing a rank starts escapes it (_cgroup.py)
+        self.cgroup = cgroup.create(self.run_id)  # where allowed: nothing a rank starts escapes it (cgroup.py)
         try:
-            self.proc = _spawn(command, {**env, _cgroup.ENV: self.cgroup} if self.cgroup else env)
+            self.proc = _spawn(command, {**env, cgroup.ENV: self.cgroup} if self.cgroup else env)
         except BaseException:
-            _cgroup.kill(self.cgroup)
+            cgroup.kill(self.cgroup)
             raise
-        self.lines = _Lines(self.proc.stdout.fileno(), self._take)
+        self.lines = Lines(self.proc.stdout.fileno(), self._take)
         self.poller.register(self.proc.stdout.fileno(), select.POLLIN)
 
     def alive(self) -> bool:
         return not self.lost and self.proc.poll() is None
 
     def send(self, rank: int, message: dict) -> None:
-        _warm_rank.send(self.socks[rank], message)
+        rank_loop.send(self.socks[rank], message)
 
     def signal(self, ranks: list[int], sig: int) -> None:
-        _procs.signal_each([self.pids[r] for r in ranks if r in self.pids], sig)
+        processes.signal_each([self.pids[r] for r in ranks if r in self.pids], sig)
 
     def pump(self, wait_s: float) -> None:
         """Route what arrives within `wait_s` seconds."""
@@ -91,12 +93,12 @@ class Link:
             del self.conns[fd]
             self.lost.append(conn.rank)
             return
-        messages, conn.buffer = _warm_rank.split_frames(conn.buffer + data)
+        messages, conn.buffer = rank_loop.split_frames(conn.buffer + data)
         for message in messages:
             if message["op"] == "hello":
                 conn.rank = message["rank"]
                 self.socks[conn.rank] = conn.sock
-                self.pids[conn.rank] = _procs.read(message["pid"]) or _procs.Proc(message["pid"], 0, 0, 0)
+                self.pids[conn.rank] = processes.read(message["pid"]) or processes.Proc(message["pid"], 0, 0, 0)
             elif message["op"] == "done" and self.cell is not None and message["cell"] == self.cell.number:
                 self.cell.done[conn.rank] = {**message, "rank": conn.rank}
                 self.cell.done_at[conn.rank] = time.monotonic()
@@ -121,7 +123,7 @@ class Link:
         torchrun to see them all finish. A socket closed without "stop" means to a rank that the kernel died."""
         for conn in self.conns.values():
             with contextlib.suppress(OSError):  # that rank is gone already
-                _warm_rank.send(conn.sock, {"op": "stop"})
+                rank_loop.send(conn.sock, {"op": "stop"})
             conn.sock.close()
         self.conns.clear()
         end = time.monotonic() + wait_s
@@ -132,8 +134,8 @@ class Link:
         """Kill every process of the pool: torchrun, the ranks, whatever they started (found by the run's id)."""
         if self.proc.poll() is None:
             self.proc.terminate()
-        _procs.stop(lambda: _procs.run_members(self.run_id), KILL_GRACE_S)
-        _cgroup.kill(self.cgroup)  # what the scan cannot find: a double-forked, setsid, env={} child
+        processes.stop(lambda: processes.run_members(self.run_id), KILL_GRACE_S)
+        cgroup.kill(self.cgroup)  # what the scan cannot find: a double-forked, setsid, env={} child
         try:
             self.proc.wait(KILL_GRACE_S)
         except subprocess.TimeoutExpired:  # only without /proc, where the scan above finds nothing

@@ -1,44 +1,32 @@
-"""The torchrun process that `partrain_edu.launch` starts: torch's own `torch.distributed.run`, plus two things its
+"""The torchrun process that `launcher.oneshot` starts: torch's own `torch.distributed.run`, plus two things its
 command line cannot ask for.
 
-    python -m partrain_edu._agent LAUNCHER_PID [torchrun options] -m partrain_edu._rank RUN_DIR
+    python -m partrain_edu.launcher.agent LAUNCHER_PID [torchrun options] -m partrain_edu.launcher.rank RUN_DIR
 
 1. It dies with the launcher. PR_SET_PDEATHSIG has the kernel SIGKILL it as soon as the launcher thread that
    started it ends, however that ends (SIGTERM, SIGHUP from a closed terminal, the OOM killer); that thread is
-   blocked in `torchrun()` for the whole run (a warm pool, `partrain_edu.warm`, keeps a thread waiting on it).
+   blocked in `torchrun()` for the whole run (a warm pool, `launcher.warm.pool`, keeps a thread waiting on it).
    SIGKILL rather than SIGTERM: torchrun's own SIGTERM clean-up would kill the ranks before their watchdogs
-   (`partrain_edu._rank`) could kill what the ranks started in other sessions; the watchdogs notice the launcher
+   (`launcher.rank`) could kill what the ranks started in other sessions; the watchdogs notice the launcher
    is gone and kill the whole run.
 2. Its stores listen on 127.0.0.1 only. torch's TCPStore server binds every interface whatever host it is given
    (`0.0.0.0` / `::` in TCPStoreLibUvBackend), and the rendezvous unpickles what it reads from its store: on a
    shared server that is an open door into the run. TCPStore takes an already-bound socket (`master_listen_fd`),
    so each server it starts here gets one bound to 127.0.0.1. The launcher passes `--local-addr 127.0.0.1` and a
    127.0.0.1 rendezvous endpoint so that the clients look for the servers there.
-Also, before any rank starts, it joins the run's cgroup where the launcher could make one (`_cgroup`).
+Also, before any rank starts, it joins the run's cgroup where the launcher could make one (`cgroup`).
 """
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import socket
 import sys
 
-from partrain_edu import _cgroup
+from partrain_edu.launcher import cgroup
+from partrain_edu.launcher.processes import die_with_parent
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _STORE_ARGS = ("world_size", "is_master", "timeout", "wait_for_workers", "multi_tenant", "master_listen_fd",
                "use_libuv")  # TCPStore's parameters after host_name and port, in order
-
-
-def die_with_parent(parent: int) -> None:
-    if not sys.platform.startswith("linux"):
-        return  # elsewhere the ranks' watchdogs are the only guard
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent:  # the launcher died before the line above: nobody is waiting for this run
-        os._exit(1)
 
 
 def serve_on_loopback_only() -> None:
@@ -62,7 +50,7 @@ def serve_on_loopback_only() -> None:
 
 def main(argv: list[str]) -> None:
     die_with_parent(int(argv[0]))
-    _cgroup.join(os.environ.get(_cgroup.ENV))  # before any rank starts: all they start stays in the run's cgroup
+    cgroup.join(os.environ.get(cgroup.ENV))  # before any rank starts: all they start stays in the run's cgroup
     serve_on_loopback_only()
     from torch.distributed.run import main as torchrun_main
 

@@ -1,15 +1,15 @@
-"""What each warm rank runs: a loop that executes cell after cell in one namespace, for `partrain_edu.warm.Pool`.
+"""What each warm rank runs: a loop that executes cell after cell in one namespace, for `launcher.warm.pool.Pool`.
 
-    python -m partrain_edu._agent ... -m partrain_edu._warm_rank POOL_DIR      (started by partrain_edu.warm)
+    python -m partrain_edu.launcher.agent ... -m partrain_edu.launcher.warm.rank_loop POOL_DIR   (by warm.pool)
 
 The rank connects to the pool's Unix socket POOL_DIR/control.sock and says hello (its rank and pid). Then each
 message is a cell: its code runs with `exec` in a fresh `__main__` module, the same for every cell, so variables
 survive from cell to cell. When the cell ends, the rank flushes its output, writes the cell's end mark as a line of
 its own (the kernel cuts the output stream there: no line leaks into the next cell) and answers "done", with the
-learner's traceback (trimmed as in `partrain_edu._rank`) if the cell raised. Messages: JSON after a 4-byte length.
+learner's traceback (trimmed as in `launcher.rank`) if the cell raised. Messages: JSON after a 4-byte length.
 
 Output labelling, the watchdog that kills the pool when the kernel dies, and the clean-up at exit are
-`partrain_edu._rank`'s; the record of the rank's collective calls is `partrain_edu._calls`'s (POOL_DIR/rank{k}.calls).
+`launcher.rank`'s; the record of the rank's collective calls is `launcher.call_records`'s (POOL_DIR/rank{k}.calls).
 SIGINT (the notebook's stop button) raises KeyboardInterrupt only inside a cell.
 """
 from __future__ import annotations
@@ -28,8 +28,9 @@ import sys
 import time
 import types
 
-from partrain_edu import _calls, _rank
-from partrain_edu._diagnose import explain_mismatch
+from partrain_edu.launcher import call_records
+from partrain_edu.launcher import rank as rank_side  # the one-shot wrapper, whose pieces the loop reuses
+from partrain_edu.launcher.diagnose.oneshot import explain_mismatch
 
 SOCKET_NAME = "control.sock"
 _LENGTH = struct.Struct("!I")
@@ -85,9 +86,9 @@ def _on_sigint(signum: int, frame) -> None:
 def main(argv: list[str]) -> int:
     pool_dir = argv[0]
     rank = int(os.environ.get("RANK", 0))
-    labeller = _rank._start_labeller(rank)  # first: it forks, and no thread may exist yet
-    _rank._watch_launcher(pool_dir)
-    _calls.record(pool_dir, rank)
+    labeller = rank_side._start_labeller(rank)  # first: it forks, and no thread may exist yet
+    rank_side._watch_launcher(pool_dir)
+    call_records.record(pool_dir, rank)
     signal.signal(signal.SIGINT, _on_sigint)
     # The cells' module is __main__, as a script's is: a class defined in a cell can be pickled (torch.save).
     main_module = types.ModuleType("__main__")
@@ -117,8 +118,8 @@ def main(argv: list[str]) -> int:
         # Objects the cells left (a DDP model, a subgroup) hold the process group's threads: free them first.
         namespace.clear()
         gc.collect()
-        _rank._destroy_process_group()
-        _rank._finish(labeller)
+        rank_side._destroy_process_group()
+        rank_side._finish(labeller)
     return 0
 
 
@@ -128,7 +129,7 @@ def run_cell(code: str, cell: int, namespace: dict) -> dict:
     # Registered like IPython's cells, so that a traceback shows the learner's line, not just its number.
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     report: dict = {}
-    _calls.between_cells()
+    call_records.between_cells()
     try:
         _Cell.running = True
         exec(compile(code, filename, "exec"), namespace)
@@ -149,7 +150,7 @@ def describe(exc: BaseException) -> dict:
     """The learner's traceback (once: it is not printed on the rank's output), and what kind of failure it is."""
     from partrain_edu.runtime import TIMEOUT_HINT, is_timeout_error
 
-    text = _rank._user_traceback(exc, skip=(__file__,))
+    text = rank_side._user_traceback(exc, skip=(__file__,))
     timed_out = is_timeout_error(exc)
     if timed_out:
         text += f"\n{TIMEOUT_HINT}\n"
@@ -159,4 +160,4 @@ def describe(exc: BaseException) -> dict:
 
 if __name__ == "__main__":
     code = main(sys.argv[1:])
-    os._exit(code)  # as in partrain_edu._rank: skip the teardown that can abort under Gloo's threads
+    os._exit(code)  # as in partrain_edu.launcher.rank: skip the teardown that can abort under Gloo's threads

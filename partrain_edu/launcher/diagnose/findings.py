@@ -1,4 +1,4 @@
-"""What the ranks' call records (_calls.py) say when a run is stuck: a collective mismatch, or ranks left waiting.
+"""What the ranks' call records (call_records.py) say when a run is stuck: a collective mismatch, or ranks left waiting.
 
 Ranks waiting in a group's collective that disagree on its op, root, shapes, dtypes or number can never finish
 (Gloo may just wait for its timeout); a rank that ended, or is elsewhere, leaves the others waiting. `diagnose`
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
 
-from partrain_edu._calls import P2P, Call, read
+from partrain_edu.launcher.call_records import P2P, Call, read
 
 POLL_S = 0.5  # how often a launcher reads the records
 STABLE_S = 1.0  # a mismatch whose records stay the same this long is a hang: healthy ranks move on within µs

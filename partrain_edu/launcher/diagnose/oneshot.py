@@ -2,7 +2,7 @@
 
 The launcher's run folder says what each rank did: rank{k}.pid (started), rank{k}.error (raised; the traceback,
 trimmed to the learner's frames, and when), rank{k}.done (finished cleanly), rank{k}.calls (the collective it is
-in or made last, `partrain_edu._calls`). torchrun's own report adds the exit code of every rank that failed,
+in or made last, `launcher.call_records`). torchrun's own report adds the exit code of every rank that failed,
 negative for a signal. Most ranks that fail only fail because another one did: the job here is to find that other
 one, and to say in words what a collective mismatch (different sizes, dtypes, ops or order across ranks) was: from
 the call records where they show one, else as the backend reported it (`explain_mismatch`).
@@ -14,8 +14,8 @@ import re
 import signal
 from typing import Any
 
-from partrain_edu import _call_findings
-from partrain_edu._call_findings import MISMATCH_HINT
+from partrain_edu.launcher.diagnose import findings
+from partrain_edu.launcher.diagnose.findings import MISMATCH_HINT
 
 # Errors a rank gets only because another rank died or gave up first (Gloo's and NCCL's wording).
 CONSEQUENCES = ("Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted")
@@ -115,7 +115,7 @@ class TorchrunInterrupted(KeyboardInterrupt):
 
 def failure(run: Any, returncode: int) -> TorchrunError:
     """Name the rank whose failure caused the others', show its traceback, and list the ranks left stuck.
-    `run` is the launcher's `_Run`."""
+    `run` is the launcher's `output.Run`."""
     errors = {e["rank"]: e for e in (json.loads(p.read_text()) for p in run.run_dir.glob("rank*.error"))}
     exit_codes = torchrun_exit_codes("\n".join(run.launcher))
     outputs = run.texts()
@@ -126,7 +126,7 @@ def failure(run: Any, returncode: int) -> TorchrunError:
     killed = {rank: code for rank, code in signalled.items() if code != -signal.SIGTERM}
     if not killed and not errors:
         killed = signalled
-    calls = _call_findings.diagnose(run.run_dir, run.nproc, run.ranks_with(".done"))  # where each rank's calls stand
+    calls = findings.diagnose(run.run_dir, run.nproc, run.ranks_with(".done"))  # where each rank's calls stand
     mismatch = calls if calls and calls.kind == "mismatch" else None
     if killed:
         rank = min(killed)
@@ -166,7 +166,7 @@ def failure(run: Any, returncode: int) -> TorchrunError:
     return TorchrunError(message, first["rank"], first["traceback"], _without(outputs, first), first["timed_out"])
 
 
-def _mismatched(found: _call_findings.Finding, errors: dict[int, dict], outputs: dict[int, str]) -> TorchrunError:
+def _mismatched(found: findings.Finding, errors: dict[int, dict], outputs: dict[int, str]) -> TorchrunError:
     """The records show ranks that disagreed on a collective: that is the story, whoever raised first."""
     first = min(errors.values(), key=lambda e: e["time"])
     message = f"{found.text}\nrank {first['rank']} failed here:\n{_tidy(first['traceback']).rstrip()}"
@@ -181,8 +181,8 @@ def with_backend_words(text: str, output: str) -> str:
                                        f"expected {sizes.group(2)}.)")
 
 
-def mismatch_error(run: Any, found: _call_findings.Finding) -> TorchrunError:
-    """The ranks' records showed a collective mismatch that stood still (`_call_findings.Watch`): the run was stopped."""
+def mismatch_error(run: Any, found: findings.Finding) -> TorchrunError:
+    """The ranks' records showed a collective mismatch that stood still (`findings.Watch`): the run was stopped."""
     return TorchrunError(f"{found.text}\nThe ranks could never have finished, so the run was stopped at once; every "
                          "rank was killed.", found.rank, "", run.texts())
 
@@ -251,7 +251,7 @@ def timeout_error(run: Any, timeout: float | None) -> TorchrunError:
     else:
         state = f"Ranks still running: {stuck}." + (
             f" Never started: {sorted(set(range(run.nproc)) - started)}." if len(started) < run.nproc else "")
-    calls = _call_findings.explain_calls(run.run_dir, run.nproc)
+    calls = findings.explain_calls(run.run_dir, run.nproc)
     why = calls or ("If it should have finished by now, a rank stuck in a loop, or waiting in a collective the "
                     "others never reach, is the usual cause.")
     message = f"timed out after {timeout:g} s; every rank was killed. {state} {RAISE_HINT} {why}"

@@ -1,16 +1,16 @@
 """Warm ranks: N processes started once that run cell after cell, keeping their variables (`%dist`, `%%dist`).
 
-    with warm.Pool(2) as pool:                  # in a notebook:  %dist start -n 2
+    with Pool(2) as pool:                       # in a notebook:  %dist start -n 2
         pool.run("x = rank * 10")               #                 %%dist
         pool.run("print(x)", rank=1)            #                 %%dist --rank 1
         pool.run("runtime.publish('y', x)")     # .published == {"y": 0}, rank 0's value; %%dist sets y
-Each rank starts under torch's torchrun as `partrain_edu.launch` starts them (loopback rendezvous, `[rank k]` output,
-watchdogs: nothing outlives the kernel) and runs `partrain_edu._warm_rank`. Its namespace starts with PRELUDE:
+Each rank starts under torch's torchrun as `launcher.oneshot` starts them (loopback rendezvous, `[rank k]` output,
+watchdogs: nothing outlives the kernel) and runs `launcher.warm.rank_loop`. Its namespace starts with PRELUDE:
 `torch`, `dist`, `runtime`, `ctx = runtime.init()`, `rank`, `world_size`. The kernel sends each cell's code over a
 Unix socket in a private folder; every rank answers "done" (or its error) once it has written the cell's end mark
 into its output, where the kernel cuts the stream. A rank that raises leaves the pool usable, unless the others
 are still stuck GRACE_S later (in a collective, waiting for it). A rank that dies, a cell past its timeout, ranks
-whose call records show a collective mismatch or a wait for ranks that ended the cell (`_call_findings`: they
+whose call records show a collective mismatch or a wait for ranks that ended the cell (`diagnose.findings`: they
 would wait for ever), or ranks that ignore the stop button bring the pool down, every process killed, with an
 error that says `%dist restart`.
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import pickle
 import shutil
 import signal
 import socket
@@ -31,12 +30,16 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from partrain_edu import _call_findings, _procs, _warm_diagnose, _warm_rank
-from partrain_edu._diagnose import RANK_DEBUG_ENV, torchrun_exit_codes
-from partrain_edu._warm_diagnose import RESTART, Cell, DistError, DistInterrupted
-from partrain_edu._warm_link import MARK_PREFIX, Link
-from partrain_edu.launch import DEFAULT_RUN_TIMEOUT_S, TorchrunResult, _print_echo, check_arguments, check_timeout
-from partrain_edu.runtime import BACKEND_ENV, DEFAULT_TIMEOUT_S, PUBLISH_DIR_ENV, TIMEOUT_ENV
+from partrain_edu.launcher import processes
+from partrain_edu.launcher.diagnose import findings
+from partrain_edu.launcher.diagnose import warm as diagnosis
+from partrain_edu.launcher.diagnose.oneshot import torchrun_exit_codes
+from partrain_edu.launcher.diagnose.warm import RESTART, Cell, DistError, DistInterrupted
+from partrain_edu.launcher.options import DEFAULT_RUN_TIMEOUT_S, check_arguments, check_timeout, rank_environment
+from partrain_edu.launcher.output import TorchrunResult, print_echo
+from partrain_edu.launcher.warm import rank_loop
+from partrain_edu.launcher.warm.link import MARK_PREFIX, Link
+from partrain_edu.runtime import read_published
 
 __all__ = ["Pool", "DistError", "DistInterrupted", "PRELUDE"]
 PRELUDE = """\
@@ -56,7 +59,7 @@ class Pool:
     """`nproc` warm ranks. `timeout`: each cell's default limit in seconds (None: none); see the module's doc."""
 
     def __init__(self, nproc: int = 2, *, backend: str | None = None, timeout: float | None = DEFAULT_RUN_TIMEOUT_S,
-                 env: dict[str, str] | None = None, echo: Callable[[int | None, str], None] | None = _print_echo,
+                 env: dict[str, str] | None = None, echo: Callable[[int | None, str], None] | None = print_echo,
                  started: Callable[[int], None] | None = None):
         self.timeout = check_arguments(nproc, timeout, None)
         self.nproc, self.requested_backend, self.env = nproc, backend, dict(env or {})
@@ -70,7 +73,7 @@ class Pool:
         if self.up:
             raise RuntimeError("the warm ranks are running already; restart() replaces them")
         self.dir = Path(tempfile.mkdtemp(prefix="partrain_warm_"))  # mode 0700: the socket is ours alone
-        if len(str(self.dir / _warm_rank.SOCKET_NAME)) > 100:  # a socket's path holds 107 bytes: a long TMPDIR
+        if len(str(self.dir / rank_loop.SOCKET_NAME)) > 100:  # a socket's path holds 107 bytes: a long TMPDIR
             shutil.rmtree(self.dir)
             self.dir = Path(tempfile.mkdtemp(prefix="partrain_warm_", dir="/tmp"))
         (self.dir / "published").mkdir()
@@ -78,7 +81,7 @@ class Pool:
         self.up, self._link, _LIVE[id(self)] = True, None, self
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            listener.bind(str(self.dir / _warm_rank.SOCKET_NAME))
+            listener.bind(str(self.dir / rank_loop.SOCKET_NAME))
             listener.listen(self.nproc)
             self._link = Link(self._command(), self._rank_env(), listener)
             self._accept(started)
@@ -92,22 +95,13 @@ class Pool:
             raise
 
     def _command(self) -> list[str]:
-        return [sys.executable, "-m", "partrain_edu._agent", str(os.getpid()), "--rdzv-backend=c10d",
+        return [sys.executable, "-m", "partrain_edu.launcher.agent", str(os.getpid()), "--rdzv-backend=c10d",
                 "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={self.run_id}", "--nnodes=1", "--local-addr=127.0.0.1",
-                f"--nproc-per-node={self.nproc}", "-m", "partrain_edu._warm_rank", str(self.dir)]
+                f"--nproc-per-node={self.nproc}", "-m", "partrain_edu.launcher.warm.rank_loop", str(self.dir)]
 
     def _rank_env(self) -> dict[str, str]:
-        """As `launch.torchrun` sets it; the debug switches of `_diagnose.RANK_DEBUG_ENV` unless the notebook's
-        environment (`%env`) or `env=` sets them."""
-        collective_s = DEFAULT_TIMEOUT_S if self.timeout is None else min(DEFAULT_TIMEOUT_S, 0.75 * self.timeout)
-        env = {**RANK_DEBUG_ENV, **os.environ, **self.env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-               PUBLISH_DIR_ENV: str(self.dir / "published"), TIMEOUT_ENV: str(collective_s),
-               _procs.RUN_ENV: self.run_id, _procs.LAUNCHER_ENV: _procs.identity(os.getpid()) or ""}
-        if os.path.exists("/sys/class/net/lo"):  # Gloo's own sockets on loopback too (single node)
-            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        if self.requested_backend is not None:
-            env[BACKEND_ENV] = self.requested_backend
-        return env
+        """As `launcher.oneshot` sets it (`options.rank_environment`)."""
+        return rank_environment(self.run_id, self.dir / "published", self.timeout, self.env, self.requested_backend)
 
     def _accept(self, started: Callable[[int], None] | None) -> None:
         """Wait until every rank has connected and said hello."""
@@ -154,18 +148,16 @@ class Pool:
             self._died(cell)
         finally:
             link.cell = None
-            published = {}  # rank 0's `runtime.publish` files: read after a cell that succeeded, dropped otherwise
-            for path in sorted(self.dir.glob("published/*.pkl")):
-                if ok:
-                    with open(path, "rb") as f:
-                        published[path.stem] = pickle.load(f)
+            # rank 0's `runtime.publish` files: read after a cell that succeeded, dropped otherwise
+            published = read_published(self.dir / "published") if ok else {}
+            for path in self.dir.glob("published/*.pkl"):
                 path.unlink()
         return TorchrunResult(0, cell.texts(), published, time.monotonic() - start)
 
     def _wait(self, cell: Cell, deadline: float | None, timeout: float | None, presses: list[int]) -> None:
         """Route output and answers until every rank of `cell` is done; raise when the cell failed."""
         grace_end = interrupted = None
-        watch = _call_findings.Watch(self.dir, self.nproc, ended=True)  # also: waiting for ranks that ended it
+        watch = findings.Watch(self.dir, self.nproc, ended=True)  # also: waiting for ranks that ended it
         while not cell.finished(now := time.monotonic()):
             if not self._link.alive():
                 self._died(cell)
@@ -180,25 +172,25 @@ class Pool:
             if grace_end is not None and now > grace_end and cell.running():
                 self._kill()
                 if interrupted is not None:
-                    raise _warm_diagnose.stuck_after_interrupt(cell, GRACE_S)
-                raise _warm_diagnose.stuck_after_raise(cell, GRACE_S)
+                    raise diagnosis.stuck_after_interrupt(cell, GRACE_S)
+                raise diagnosis.stuck_after_raise(cell, GRACE_S)
             if deadline is not None and now > deadline:
                 calls = self._where_ranks_wait(cell)
                 self._kill()
-                raise _warm_diagnose.timed_out(cell, timeout, calls)
+                raise diagnosis.timed_out(cell, timeout, calls)
             if (found := watch.poll(cell.finished_cleanly())) is not None:  # they would wait until the timeout
                 # (a mismatch, or ranks in a collective that members who ended the cell will never join)
                 self._kill()
-                raise _warm_diagnose.mismatch(cell, found)
+                raise diagnosis.mismatch(cell, found)
             self._link.pump(0.05)
         if interrupted is not None:
-            raise _warm_diagnose.interrupted(cell)
+            raise diagnosis.interrupted(cell)
         if cell.errors():
-            raise _warm_diagnose.raised(cell, calls=self._where_ranks_wait(cell))
+            raise diagnosis.raised(cell, calls=self._where_ranks_wait(cell))
 
-    def _where_ranks_wait(self, cell: Cell) -> _call_findings.Finding | None:
+    def _where_ranks_wait(self, cell: Cell) -> findings.Finding | None:
         """What the ranks' call records say about where they wait (read before `_kill` removes them)."""
-        return _call_findings.diagnose(self.dir, self.nproc, cell.finished_cleanly())
+        return findings.diagnose(self.dir, self.nproc, cell.finished_cleanly())
 
     def _died(self, cell: Cell) -> None:
         """A rank's process ended: wait for torchrun's report of its exit code, stop everything, name it."""
@@ -207,7 +199,7 @@ class Pool:
             self._link.pump(0.05)
         codes, calls = torchrun_exit_codes("\n".join(self._link.launcher)), self._where_ranks_wait(cell)
         self._kill()
-        raise _warm_diagnose.died(cell, codes, self._link.lost, self._link.proc.returncode, calls)
+        raise diagnosis.died(cell, codes, self._link.lost, self._link.proc.returncode, calls)
 
     def _kill(self) -> None:
         """Kill every process of the pool and remove its folder."""

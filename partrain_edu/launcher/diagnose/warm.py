@@ -1,9 +1,9 @@
-"""What happened in one warm cell (`partrain_edu.warm`), and when it went wrong, the one error that says so.
+"""What happened in one warm cell (`launcher.warm.pool`), and when it went wrong, the one error that says so.
 
 A cell's bookkeeping (`Cell`): which ranks run it, what each printed, which answered "done" (with their error, if
 any) and which wrote the end mark that closes their output. The errors name the rank that caused the failure and
 show its traceback once; they say whether the pool survived, and if not, that `%dist restart` starts fresh ranks.
-Wording follows `partrain_edu._diagnose`, which tells the same stories for one-shot launches.
+Wording follows `launcher.diagnose.oneshot`, which tells the same stories for one-shot launches.
 """
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import signal
 from dataclasses import dataclass, field
 from typing import Callable
 
-from partrain_edu._call_findings import Finding
-from partrain_edu._diagnose import CONSEQUENCES, MISMATCH_HINT, TorchrunError, explain_mismatch, with_backend_words
+from partrain_edu.launcher.diagnose.findings import Finding
+from partrain_edu.launcher.diagnose.oneshot import (CONSEQUENCES, MISMATCH_HINT, TorchrunError, explain_mismatch,
+                                                     with_backend_words)
 
 MARK_WAIT_S = 2.0  # a rank said "done": how long its end mark may take to come through its labelling process
 RESTART = "`%dist restart` (or `pool.restart()`) starts fresh ranks; their variables are lost."
@@ -43,7 +44,7 @@ class DistInterrupted(KeyboardInterrupt):
 
 @dataclass
 class Cell:
-    """One cell in flight. `done[rank]` is that rank's answer: {} or its error report (see `_warm_rank.describe`)."""
+    """One cell in flight. `done[rank]` is that rank's answer: {} or its error report (`warm.rank_loop.describe`)."""
 
     number: int
     ranks: list[int]
@@ -109,7 +110,7 @@ def interrupted(cell: Cell) -> DistInterrupted:
 
 
 def mismatch(cell: Cell, found: Finding) -> DistError:
-    """The ranks' call records showed a collective mismatch that stood still (`_call_findings.Watch`)."""
+    """The ranks' call records showed a collective mismatch that stood still (`findings.Watch`)."""
     return DistError(f"{found.text}\nThe ranks could never have finished this cell, so the pool was stopped at once, "
                      f"every rank killed: {RESTART}", found.rank, cell.texts(), pool_stopped=True)
 
@@ -134,7 +135,7 @@ def died(cell: Cell, exit_codes: dict[int, int], lost: list[int | None], torchru
     """A rank's process, or torchrun, ended in the middle of a cell. `exit_codes`: torchrun's report; `lost`: the
     ranks whose connection closed, in that order (torchrun stops the others after the first); `calls`: what the
     ranks' call records say."""
-    # As in _diagnose.failure: a rank killed by a signal is the cause; SIGTERM is torchrun stopping the rest.
+    # As in oneshot.failure: a rank killed by a signal is the cause; SIGTERM is torchrun stopping the rest.
     killed = sorted(r for r, c in exit_codes.items() if c < 0 and c != -signal.SIGTERM)
     gone = [r for r in lost if r is not None]
     rank = killed[0] if killed else gone[0] if gone else min(exit_codes, default=None)

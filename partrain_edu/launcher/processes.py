@@ -4,7 +4,7 @@ Every process of a launch (torchrun, each rank, whatever a rank starts) inherits
 its environment, so "the processes of this run" is a scan of /proc: it finds them whatever session or process group
 they moved to and whoever their parent is now. A process that cleared its environment is still found while it
 descends from one that did not; one that also left that ancestry (a double fork) is not, and only the run's
-cgroup (`_cgroup`, where the machine allows one) still holds it.
+cgroup (`cgroup.py`, where the machine allows one) still holds it.
 
 Signals are sent to single processes, never to a process group, so there is no PID 0, -1 or own group to hit by
 mistake. Each goes through a pidfd opened *after* checking that the PID still has the start time the scan saw: a
@@ -14,8 +14,10 @@ Linux only: where there is no /proc nothing is found, and the launcher falls bac
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -23,6 +25,7 @@ from typing import Callable
 RUN_ENV = "PARTRAIN_RUN_ID"
 LAUNCHER_ENV = "PARTRAIN_LAUNCHER"  # identity() of the process that called torchrun(), for the ranks' watchdogs
 SUPPORTED = os.path.exists("/proc/self/stat")
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class Proc:
     ppid: int
     pgid: int
     start: int  # clock ticks after boot: with the pid, unique for the machine's uptime
+    session: int = -1
 
 
 def read(pid: int) -> Proc | None:
@@ -43,7 +47,7 @@ def read(pid: int) -> Proc | None:
     fields = text.rsplit(")", 1)[1].split()  # the command name, in parentheses, may contain spaces
     if fields[0] in ("Z", "X"):
         return None
-    return Proc(pid, int(fields[1]), int(fields[2]), int(fields[19]))
+    return Proc(pid, int(fields[1]), int(fields[2]), int(fields[19]), int(fields[3]))
 
 
 def identity(pid: int) -> str | None:
@@ -102,6 +106,12 @@ def leftovers_of(pid: int, keep: set[int] = frozenset()) -> list[Proc]:
     return [table[p] for p in sorted(found - {pid, os.getpid(), *keep}) if p in table]
 
 
+def session_members(sid: int) -> list[Proc]:
+    """Every live process of session `sid` or of process group `sid` (a child that changed its group but not its
+    session is still found; one that started a session of its own is not), except the calling process."""
+    return [p for p in _table().values() if sid in (p.session, p.pgid) and p.pid != os.getpid()]
+
+
 def signal_each(procs: list[Proc], sig: int) -> None:
     for proc in procs:
         if proc.pid <= 1 or proc.pid == os.getpid():
@@ -140,3 +150,15 @@ def stop(find: Callable[[], list[Proc]], grace_s: float) -> None:
             return
         signal_each(left, signal.SIGKILL)
         time.sleep(0.05)
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when the thread that started it ends (PR_SET_PDEATHSIG), and end now
+    if `parent` is gone already. For the agent, netem's nodes and the grader's sandbox; a no-op off Linux."""
+    if not sys.platform.startswith("linux"):
+        return  # elsewhere the ranks' watchdogs are the only guard
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:  # the launcher died before the line above: nobody is waiting for this run
+        os._exit(1)

@@ -1,6 +1,6 @@
 """What each rank runs under the launcher: the user's script, with its output labelled and its error kept.
 
-    python -m partrain_edu._agent ... -m partrain_edu._rank RUN_DIR      (started by partrain_edu.launch)
+    python -m partrain_edu.launcher.agent ... -m partrain_edu.launcher.rank RUN_DIR   (by launcher.oneshot)
 
 RUN_DIR/argv.json holds what to run: ["script.py", args...] or ["--module", "package.module", args...].
 
@@ -10,11 +10,11 @@ Four small jobs, so that the notebook can show one clear story and nothing outli
    are a pipe to a small labelling process forked first, which also passes on the last lines of a rank that crashes;
 2. an uncaught exception is written, with a traceback trimmed to the user's frames, to RUN_DIR/rank{k}.error
    (and a clean finish to RUN_DIR/rank{k}.done, so a timeout can name the ranks that never got there);
-   RUN_DIR/rank{k}.pid says the rank started, RUN_DIR/rank{k}.calls which collective it is in (`_calls`);
+   RUN_DIR/rank{k}.pid says the rank started, RUN_DIR/rank{k}.calls which collective it is in (`call_records`);
 3. when the script ends, whatever it started and left running is killed: its descendants, and the members of its
    process group (torchrun starts each rank in a session of its own, which its children share);
 4. if the process that called `torchrun()` dies (a closed terminal, a killed kernel), a watchdog thread kills the
-   whole run, then the run's cgroup where there is one (`_cgroup`), this rank last, and removes RUN_DIR.
+   whole run, then the run's cgroup where there is one (`cgroup`), this rank last, and removes RUN_DIR.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import threading
 import time
 import traceback
 
-from partrain_edu import _calls, _cgroup, _procs
+from partrain_edu.launcher import call_records, cgroup, processes
 
 WATCH_S = 0.5  # how often the watchdog looks at the launcher
 LONGEST_LINE = 1 << 20  # a "line" that never ends is passed on in pieces of this size
@@ -91,18 +91,18 @@ def _write_all(data: bytes) -> None:
 
 
 def _watch_launcher(run_dir: str) -> None:
-    launcher, run_id = os.environ.get(_procs.LAUNCHER_ENV), os.environ.get(_procs.RUN_ENV)
-    if not launcher or not run_id or not _procs.SUPPORTED:
-        return  # not started by partrain_edu.launch
+    launcher, run_id = os.environ.get(processes.LAUNCHER_ENV), os.environ.get(processes.RUN_ENV)
+    if not launcher or not run_id or not processes.SUPPORTED:
+        return  # not started by partrain_edu.launcher.oneshot
 
     def watch() -> None:
-        while _procs.is_running(launcher):
+        while processes.is_running(launcher):
             time.sleep(WATCH_S)
         # First the launcher's temporary folder (nobody else will remove it): the ranks' watchdogs race, and each
         # reaches the killing below only after removing it.
         shutil.rmtree(run_dir, ignore_errors=True)
-        _procs.stop(lambda: _procs.run_members(run_id), grace_s=0.0)  # torchrun, every rank, what they started
-        _cgroup.kill_from_inside(os.environ.get(_cgroup.ENV))  # and what escaped the scan, this rank with it
+        processes.stop(lambda: processes.run_members(run_id), grace_s=0.0)  # torchrun, every rank, what they started
+        cgroup.kill_from_inside(os.environ.get(cgroup.ENV))  # and what escaped the scan, this rank with it
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="partrain-watchdog", daemon=True).start()
@@ -111,7 +111,7 @@ def _watch_launcher(run_dir: str) -> None:
 def _finish(labeller: int) -> None:
     """Kill what the script left running, then let the labeller pass on the last output (at most 2 s)."""
     sys.stdout.flush(), sys.stderr.flush()
-    _procs.stop(lambda: _procs.leftovers_of(os.getpid(), keep={labeller}), grace_s=0.5)
+    processes.stop(lambda: processes.leftovers_of(os.getpid(), keep={labeller}), grace_s=0.5)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
@@ -129,11 +129,11 @@ def _finish(labeller: int) -> None:
 
 def _user_traceback(exc: BaseException, skip: tuple[str, ...] = ()) -> str:
     """The traceback without the launcher's, runpy's, torch's and `skip`'s frames: the learner's code is what
-    failed (`skip`: the files of another wrapper, such as `partrain_edu._warm_rank`)."""
+    failed (`skip`: the files of another wrapper, such as `launcher.warm.rank_loop`)."""
     import torch
 
     tb = traceback.TracebackException.from_exception(exc)
-    skip = (__file__, _calls.__file__, "<frozen runpy>", runpy.__file__, *skip)
+    skip = (__file__, call_records.__file__, "<frozen runpy>", runpy.__file__, *skip)
     torch_dir = os.path.dirname(torch.__file__) + os.sep  # torch's own wrappers say nothing to a learner
     frames = [f for f in tb.stack if f.filename not in skip]
     user_frames = [f for f in frames if not f.filename.startswith(torch_dir)]
@@ -150,7 +150,7 @@ def main(argv: list[str]) -> int:
     with open(pid_file + ".tmp", "w") as f:
         f.write(str(os.getpid()))
     os.replace(pid_file + ".tmp", pid_file)  # the launcher never sees a half-written file
-    _calls.record(run_dir, rank)
+    call_records.record(run_dir, rank)
     try:
         return _run(run_dir, rank)
     finally:

@@ -5,25 +5,25 @@ run, tidy and repeatable when they finish.
     %dist start -n N [--backend auto|gloo|nccl] [--device emulated:a100] [--timeout S|none]   (restart, stop, status)
     %%dist [--rank R] [--timeout S|none]
 
-`%%torchrun` runs the cell on fresh ranks (`partrain_edu.launch.torchrun`); `%%dist` runs it on the warm ranks
-that `%dist start` left running (`partrain_edu.warm.Pool`: variables survive from cell to cell). Both put what
+`%%torchrun` runs the cell on fresh ranks (`launcher.oneshot`); `%%dist` runs it on the warm ranks that
+`%dist start` left running (`launcher.warm.Pool`: variables survive from cell to cell). Both put what
 rank 0 `runtime.publish`ed into the notebook's variables. A bad option line is one line of error.
 
 Ranks print concurrently, so the order of their lines changes from run to run. While the cell runs, they appear
 live in arrival order; when it finishes, they are printed once more grouped by rank, so the saved notebook reads
 the same on every run (nbval compares it in CI). Outside a kernel, lines are printed as they arrive. Below them
-a status line ("starting 4 ranks… 8 s", "4 ranks running — 12 s (limit 300 s)", `partrain_edu.status_line`) shows
-while the cell runs and leaves no data behind.
+a status line ("starting 4 ranks… 8 s", "4 ranks running — 12 s (limit 300 s)", `launcher.status_line`)
+shows while the cell runs and leaves no data behind. This module is thin: the work is the launcher's.
 """
 from __future__ import annotations
 
 import argparse
 import shlex
-import threading
 import time
 from typing import Any
 
-from partrain_edu.status_line import RankStatus, StatusLine, in_kernel
+from partrain_edu.launcher.status_line import RankStatus, StatusLine
+from partrain_edu.notebook.live_output import LiveOutput
 
 USAGE = ("%%torchrun -n N [--timeout S|none] [--backend auto|gloo|nccl] [--device cpu|emulated:a100] [--rank R] "
          "[-- script args]")
@@ -86,7 +86,7 @@ def parse_magic_line(line: str) -> tuple[argparse.Namespace, list[str]]:
 
 def run_cell_magic(line: str, cell: str, user_ns: dict[str, Any]):
     """`%%torchrun ...`: run `cell` on the ranks, show their output, publish rank 0's values into `user_ns`."""
-    from partrain_edu.launch import (DEFAULT_RUN_TIMEOUT_S, TorchrunError, TorchrunInterrupted, check_arguments,
+    from partrain_edu.launcher import (DEFAULT_RUN_TIMEOUT_S, TorchrunError, TorchrunInterrupted, check_arguments,
                                      check_timeout, torchrun)
 
     options, script_args = parse_magic_line(line)
@@ -104,22 +104,20 @@ def run_cell_magic(line: str, cell: str, user_ns: dict[str, Any]):
     except (TorchrunError, TorchrunInterrupted) as error:   # the live area becomes the ranks' grouped output
         live.finish(error.outputs)
         raise
-    live.finish(result.outputs)
-    user_ns.update(result.published)
-    return result
+    return _show(live, result, user_ns)
 
 
 DIST_USAGE = ("%dist start|restart [-n N] [--backend auto|gloo|nccl] [--device cpu|emulated:a100] [--timeout S|none] "
               "| %dist stop | %dist status")
 DIST_CELL_USAGE = "%%dist [--rank R] [--timeout S|none]"
-_pool = None  # this kernel's warm ranks (`partrain_edu.warm.Pool`), if `%dist start` ever ran
+_pool = None  # this kernel's warm ranks (`launcher.warm.pool.Pool`), if `%dist start` ever ran
 
 
 def run_dist_magic(line: str, cell: str | None, user_ns: dict[str, Any]):
     """`%dist start|restart|stop|status ...` (cell None), or a `%%dist ...` cell run on the warm ranks."""
     if cell is None:
         return _dist_command(line)
-    from partrain_edu.warm import DistError, DistInterrupted
+    from partrain_edu.launcher import DistError, DistInterrupted
 
     parser = _Parser("%%dist", DIST_CELL_USAGE)
     parser.add_argument("--rank", type=int, default=None)
@@ -146,6 +144,11 @@ def run_dist_magic(line: str, cell: str | None, user_ns: dict[str, Any]):
     except (DistError, DistInterrupted) as error:
         live.finish(error.outputs)
         raise
+    return _show(live, result, user_ns)
+
+
+def _show(live: LiveOutput, result, user_ns: dict[str, Any]):
+    """A cell's end: the live area becomes every rank's output, rank by rank; rank 0's values become variables."""
     live.finish(result.outputs)
     user_ns.update(result.published)
     return result
@@ -153,8 +156,8 @@ def run_dist_magic(line: str, cell: str | None, user_ns: dict[str, Any]):
 
 def _dist_command(line: str):
     global _pool
-    from partrain_edu.launch import DEFAULT_RUN_TIMEOUT_S, check_arguments
-    from partrain_edu.warm import DistError, Pool
+    from partrain_edu.launcher import DEFAULT_RUN_TIMEOUT_S, check_arguments
+    from partrain_edu.launcher import DistError, Pool
 
     parser = _Parser("%dist", DIST_USAGE)
     parser.add_argument("command", choices=["start", "restart", "stop", "status"])
@@ -216,7 +219,7 @@ def _status_line() -> str:
 
 
 def _checked_timeout(timeout: float | None) -> float | None:
-    from partrain_edu.launch import check_timeout
+    from partrain_edu.launcher import check_timeout
 
     return check_timeout(timeout, "--timeout", none="none")
 
@@ -237,48 +240,3 @@ def load_ipython_extension(ipython) -> None:
 
     ipython.register_magic_function(torchrun_magic, magic_kind="cell", magic_name="torchrun")
     ipython.register_magic_function(dist_magic, magic_kind="line_cell", magic_name="dist")
-
-
-class LiveOutput:
-    REFRESH_S = 0.2  # redraw the live area at most 5 times a second: cheap for the browser
-
-    def __init__(self, show_rank: int | None = None):
-        self.show_rank, self.lines, self.last_draw, self.drawn = show_rank, [], 0.0, 0
-        self.handle, self.lock = None, threading.Lock()  # `flush` comes from the status line's thread
-        if in_kernel():
-            from IPython.display import display
-
-            self.handle = display({"text/plain": ""}, raw=True, display_id=True)
-
-    def line(self, rank: int | None, text: str) -> None:
-        entry = f"[rank {rank}] {text}"
-        if self.handle is None:
-            print(entry, flush=True)
-            return
-        with self.lock:
-            self.lines.append(entry)
-            if time.monotonic() - self.last_draw >= self.REFRESH_S:
-                self._draw()
-
-    def flush(self) -> None:
-        """Draw the lines that came too soon after the last drawing (called every second while the cell runs)."""
-        with self.lock:
-            if self.handle is not None and self.drawn < len(self.lines):
-                self._draw()
-
-    def _draw(self) -> None:
-        self.handle.update({"text/plain": "\n".join(self.lines[-200:])}, raw=True)
-        self.last_draw, self.drawn = time.monotonic(), len(self.lines)
-
-    def finish(self, outputs: dict[int, str]) -> None:
-        """Replace the live area with every rank's output, rank by rank."""
-        if self.handle is None:
-            return
-        with self.lock:
-            self.handle.update({"text/plain": ""}, raw=True)
-            self.drawn = len(self.lines)
-        grouped = [f"[rank {rank}] {line}" for rank, text in sorted(outputs.items())
-                   if self.show_rank is None or rank == self.show_rank
-                   for line in text.rstrip("\n").split("\n")]
-        if grouped:
-            print("\n".join(grouped), flush=True)

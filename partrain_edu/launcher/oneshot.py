@@ -1,0 +1,99 @@
+"""Run code on N ranks from a notebook: the `%%torchrun` cell magic (see `partrain_edu.notebook`) and `torchrun()`.
+
+    %load_ext partrain_edu
+    %%torchrun -n 4 [--timeout 120|none] [--backend gloo] [--rank 0] [-- script args]
+
+Both run torch's `torch.distributed.run` (through `launcher.agent`) with a fresh rendezvous on a free port of
+127.0.0.1, so two notebooks launching at once never collide and nothing listens beyond this machine. Every
+rank is wrapped by `launcher.rank`, so that the launcher can:
+- stream each rank's output live as `[rank k]` lines (and, in a notebook, keep a rank-ordered copy, so the
+  saved output is the same on every run);
+- turn a failure into one `TorchrunError` naming the rank that caused it, with its own traceback (not
+  torchrun's ChildFailedError wall);
+- stop the run after `timeout` seconds of wall-clock time (default 300 s), on a kernel interrupt (one line:
+  `TorchrunInterrupted`), on another rank's failure, as soon as the ranks' call records show a collective
+  mismatch (`diagnose.findings`), or when the caller itself dies, killing every rank and all they started
+  (`supervise.py`);
+- hand back the values ranks `runtime.publish`ed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Callable, Sequence, TypeVar
+
+from partrain_edu.launcher.diagnose.oneshot import TorchrunError, failure, mismatch_error, timeout_error
+from partrain_edu.launcher.options import (DEFAULT_RUN_TIMEOUT_S, check_arguments, check_timeout, rank_environment,
+                                           script_path)
+from partrain_edu.launcher.output import Run, TorchrunResult, print_echo
+from partrain_edu.launcher.supervise import supervise
+from partrain_edu.runtime import read_published
+
+T = TypeVar("T")
+
+
+def torchrun(code_or_path: str | os.PathLike, nproc: int = 2, timeout: float | None = DEFAULT_RUN_TIMEOUT_S,
+             args: Sequence[str] = (), *, module: str | None = None, backend: str | None = None,
+             show_rank: int | None = None, echo: Callable[[int | None, str], None] | None = print_echo,
+             env: dict[str, str] | None = None, started: Callable[[int], None] | None = None) -> TorchrunResult:
+    """Run a script (a path, or source code as a string) or `module=` on `nproc` ranks under torchrun.
+
+    Returns a `TorchrunResult`; raises `TorchrunError` when any rank fails, or when the run takes longer than
+    `timeout` seconds (default 300; None: no limit, a deadlock in a collective still ends after 60 s).
+    `started(k)` is told each time the number of ranks whose process has started grows (`status_line.py`).
+    """
+    timeout = check_arguments(nproc, timeout, show_rank)
+    with tempfile.TemporaryDirectory(prefix="partrain_") as tmp:
+        run_dir = Path(tmp)
+        (run_dir / "published").mkdir()
+        # The script and its arguments travel in a file: torchrun's own parser would otherwise claim any
+        # script flag that abbreviates one of its options (`--nproc` for `--nproc-per-node`).
+        script = None if module is not None else script_path(code_or_path, run_dir, "torchrun_cell.py")
+        target = ["--module", module] if module is not None else [script]
+        (run_dir / "argv.json").write_text(json.dumps([*target, *map(str, args)]))
+        run = Run(nproc, run_dir, echo or (lambda rank, text: None), show_rank)
+        command = [sys.executable, "-m", "partrain_edu.launcher.agent", str(os.getpid()),
+                   "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={run.run_id}",
+                   "--nnodes=1", "--local-addr=127.0.0.1", f"--nproc-per-node={nproc}",
+                   "-m", "partrain_edu.launcher.rank", str(run_dir)]
+        rank_env = rank_environment(run.run_id, run_dir / "published", timeout, env, backend)
+        outcome = supervise([command], rank_env, run, timeout, [run.take], started)
+        if outcome.timed_out:
+            raise timeout_error(run, timeout)
+        if outcome.mismatch is not None:
+            raise mismatch_error(run, outcome.mismatch)
+        returncode, wall_s = outcome.returncodes[0], outcome.wall_s
+        if returncode != 0:
+            raise failure(run, returncode)
+        published = read_published(run_dir / "published")
+        return TorchrunResult(returncode, run.texts(), published, wall_s, "\n".join(run.launcher))
+
+
+def call_with_timeout(fn: Callable[[], T], timeout: float | None) -> T:
+    """`fn()` in this process, stopped with a `TorchrunError(timed_out=True)` after `timeout` seconds of wall-clock
+    time (None: no limit): the launcher's limit, for runs that stay in process (a world of one).
+
+    Uses SIGALRM, so it needs the main thread, and it stops at the next Python line: a single long C call
+    (one huge matmul) finishes first."""
+    timeout = check_timeout(timeout)
+    if timeout is None:
+        return fn()
+    if threading.current_thread() is not threading.main_thread():
+        raise ValueError("a timeout on an in-process run needs the main thread; call it there or pass timeout=None")
+
+    def expire(signum: int, frame: Any) -> None:
+        raise TorchrunError(f"timed out after {timeout:g} s and was stopped. If the run is just slow, raise the "
+                            "limit (`--timeout N`, `timeout=N`; None: no limit).", None, timed_out=True)
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        return fn()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
