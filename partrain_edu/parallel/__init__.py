@@ -7,19 +7,23 @@ explicitly (`ctx.group("tp")` from `runtime.init(dp=…, tp=…, pp=…)`); `gro
 
 | module     | pieces                                                | shards / sends                       |
 |------------|-------------------------------------------------------|--------------------------------------|
-| ring       | ring_reduce_scatter, ring_all_gather, ring_all_reduce | — / 2(n−1) steps of 1/n of a tensor  |
-| buckets    | Bucket, plan_buckets, GradBucketHooks, OncePerBackward | — / gradients packed in flat buckets |
+| ring       | ring_reduce_scatter, ring_all_gather, ring_all_reduce, ring_neighbours | — / 2(n−1) steps of 1/n |
+| buckets    | Bucket, plan_buckets, GradBucketHooks, OncePerBackward, allreduce_mean | — / gradients in flat buckets |
 | ddp        | DistributedDataParallel, allreduce_per_parameter      | nothing / averaged gradients         |
 | flat_shard | FlatShard, by_dtype                                   | a flat buffer, one chunk per rank    |
 | zero       | ZeroOptimizer (ZeRO-1/2)                              | optimizer states (+ grads) / RS, AG  |
+| zero_state | ZeroOptimizer's single-process state dict, mirror_hyperparameters | — / AG of the states |
 | fsdp       | FullyShardedDataParallel, MixedPrecision (ZeRO-3)     | + parameters / gathers per unit      |
 | fsdp_unit  | Unit, UnitShard, _Gather: one unit's gather mechanics | + parameters / AG, AG, RS per unit   |
+| fsdp_layout | choose_units, shard_units, registered (which unit owns which parameter) | — / nothing  |
+| fsdp_state | summon_full_params, full_state_dict, load_full_state_dict | — / AG of every shard  |
 | tp_comm    | Megatron's f and g, and the sequence pair             | — / all-reduce, gather, RS           |
 | tensor     | parallelize(module, plan, region), check_plan         | weight matrices / 4 all-reduces      |
 | sequence   | SequenceParallelRegion, layer_activation_bytes        | + activations / the same bytes       |
 | torch_tp   | dtensor_plan (our plan in DTensor's styles)           | as tensor, by DTensor                |
 | pp_comm    | Mailbox, Boundary, agree_on_shapes                    | — / activations, gradients (p2p)     |
 | pipeline   | PipelineExecutor, Stage, split_layers                 | layers / one schedule's messages     |
+| zero_bubble | SplitBackward, backward_input, backward_weight (ZB-H1's B and W) | — / 1F1B's messages    |
 | hybrid     | dp_average_gradients, traffic_by_dimension            | 3D: dp all-reduce; bytes per dim     |
 | moe        | MoE, ExpertParallelMoE, expert_parallel_groups        | experts / 2 all-to-alls each way; DP |
 | moe_routing | route, Routing, within_capacity (top-k, capacity, aux loss) | — / nothing (one rank's tokens) |
@@ -32,8 +36,9 @@ RS: reduce-scatter, AG: all-gather. The wrappers are named here too, as `torch.d
 import importlib
 
 # Submodules, imported on use: `import partrain_edu.parallel` stays free of torch.
-__all__ = ["buckets", "clipping", "context", "ddp", "flat_shard", "fsdp", "fsdp_unit", "hybrid", "mixed_precision",
-           "moe", "moe_routing", "pipeline", "pp_comm", "ring", "sequence", "tensor", "torch_tp", "tp_comm", "zero"]
+__all__ = ["buckets", "clipping", "context", "ddp", "flat_shard", "fsdp", "fsdp_layout", "fsdp_state", "fsdp_unit",
+           "hybrid", "mixed_precision", "moe", "moe_routing", "pipeline", "pp_comm", "ring", "sequence", "tensor",
+           "torch_tp", "tp_comm", "zero", "zero_bubble", "zero_state"]
 # The names a PyTorch user imports from the package, and the submodule each lives in (loaded on first use).
 EXPORTS = {"DistributedDataParallel": "ddp", "ZeroOptimizer": "zero", "FullyShardedDataParallel": "fsdp",
            "MixedPrecision": "mixed_precision", "parallelize": "tensor", "TensorParallelRegion": "tensor",

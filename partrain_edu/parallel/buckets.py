@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 
@@ -90,6 +91,18 @@ def plan_buckets(params: Iterable[nn.Parameter], cap_bytes: int,
         groups[-1].append(p)
         size += p.numel() * p.element_size()
     return [Bucket(i, ps, dtype=wire_dtype(ps[0].dtype)) for i, ps in enumerate(groups)]
+
+
+def allreduce_mean(bucket: Bucket, group, size: int, async_op: bool = False):
+    """Each gradient of `bucket` summed over `group` and divided by `size`: pack, divide, all-reduce, unpack.
+    With `async_op` the all-reduce's work is returned and unpacking is the caller's, once it has completed
+    (DDP: backward goes on meanwhile); blocking, the averages are back in `.grad` on return."""
+    flat = bucket.pack()                 # (bucket numel,) this rank's gradients
+    flat.div_(size)                      # divide first, as PyTorch does: the sum cannot overflow fp16
+    work = dist.all_reduce(flat, group=group, async_op=async_op)   # through dist: CommTracer sees it
+    if not async_op:
+        bucket.unpack()
+    return work
 
 
 class OncePerBackward:

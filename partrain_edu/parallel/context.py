@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from partrain_edu.parallel.ring import _ring
+from partrain_edu.parallel.ring import ring_neighbours
 
 KV_TAG, GRAD_TAG = 1, 2   # K, V and their gradients cross the same links: separate tags keep them apart
 
@@ -97,21 +97,31 @@ def _no_inf(x: torch.Tensor) -> torch.Tensor:
     return x.masked_fill(x == float("-inf"), 0.0)   # a row that sees no key yet: exp(−inf − 0) = 0, never NaN
 
 
+def _hops(kv: torch.Tensor, group):
+    """The n steps around the ring, forward's and backward's alike: yields (step, src, kv, sent), the K, V block
+    held at this step (rank src's) and the bytes it is sent on with. The next block arrives while the caller
+    computes on this one (the ring's overlap); the exchange is waited for when the caller asks for the next."""
+    me, n, right, left = ring_neighbours(group)
+    for step in range(n):
+        works, incoming = [], None
+        if step < n - 1:                          # pass it on while computing on it
+            incoming = torch.empty_like(kv)
+            works = [dist.irecv(incoming, src=left, group=group, tag=KV_TAG),
+                     dist.isend(kv, dst=right, group=group, tag=KV_TAG)]
+        yield step, (me - step) % n, kv, (kv.numel() * kv.element_size() if works else 0)
+        for w in works:
+            w.wait()
+        kv = incoming if incoming is not None else kv
+
+
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group, sharding, causal, scale, log):
-        me, n, right, left = _ring(group)
+        me = dist.get_rank(group)
         qf = q.float()
         out = torch.zeros_like(qf)
         lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
-        kv = torch.stack([k, v])                  # one message per hop
-        for step in range(n):
-            src = (me - step) % n                 # whose K, V block this rank holds now
-            works, incoming = [], None
-            if step < n - 1:                      # pass it on while computing on it (the ring's overlap)
-                incoming = torch.empty_like(kv)
-                works = [dist.irecv(incoming, src=left, group=group, tag=KV_TAG),
-                         dist.isend(kv, dst=right, group=group, tag=KV_TAG)]
+        for step, src, kv, sent in _hops(torch.stack([k, v]), group):   # K and V: one message per hop
             scores = 0
             for qs, ks, mask in _pairs(sharding.segments(me), sharding.segments(src), causal, q.device):
                 s = _scores(qf[..., qs, :], kv[0, ..., ks, :].float(), mask, scale)
@@ -123,11 +133,7 @@ class _RingAttention(torch.autograd.Function):
                 lse[..., qs] = new
                 scores += s.shape[-2] * s.shape[-1]
             if log is not None:
-                log.append({"pass": "forward", "step": step, "block": src, "scores": scores,
-                            "sent": kv.numel() * kv.element_size() if works else 0})
-            for w in works:
-                w.wait()
-            kv = incoming if incoming is not None else kv
+                log.append({"pass": "forward", "step": step, "block": src, "scores": scores, "sent": sent})
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)  # this rank's blocks only: 1/n of the whole sequence's
         ctx.group, ctx.sharding, ctx.causal, ctx.scale, ctx.log = group, sharding, causal, scale, log
@@ -137,18 +143,12 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         group, sharding, scale, log = ctx.group, ctx.sharding, ctx.scale, ctx.log
-        me, n, right, left = _ring(group)
+        me, n, right, left = ring_neighbours(group)
         qf, do = q.float(), dout.float()
         delta = (do * out.float()).sum(-1)          # D_i = Σ_d dO·O: softmax's backward, per query (FlashAttention-2)
         dq = torch.zeros_like(qf)
-        kv, own, sending = torch.stack([k, v]), None, []
-        for step in range(n):
-            src = (me - step) % n
-            works, incoming = [], None
-            if step < n - 1:
-                incoming = torch.empty_like(kv)
-                works = [dist.irecv(incoming, src=left, group=group, tag=KV_TAG),
-                         dist.isend(kv, dst=right, group=group, tag=KV_TAG)]
+        own, sending = None, []
+        for step, src, kv, sent in _hops(torch.stack([k, v]), group):   # K, V around again, as forward
             dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
             for qs, ks, mask in _pairs(sharding.segments(me), sharding.segments(src), ctx.causal, q.device):
                 kb, vb = kv[0, ..., ks, :].float(), kv[1, ..., ks, :].float()
@@ -157,7 +157,6 @@ class _RingAttention(torch.autograd.Function):
                 ds = p * (do[..., qs, :] @ vb.transpose(-1, -2) - delta[..., qs, None])
                 dq[..., qs, :] += ds @ kb * scale
                 dkv[0, ..., ks, :] += ds.transpose(-1, -2) @ qf[..., qs, :] * scale
-            sent = kv.numel() * kv.element_size() if works else 0
             if step == 0:
                 own = dkv                           # this rank's own block: its gradient stays here
             else:                                   # the accumulator of block src rides the ring towards src
@@ -170,9 +169,6 @@ class _RingAttention(torch.autograd.Function):
                 sent += dkv.numel() * dkv.element_size()
             if log is not None:
                 log.append({"pass": "backward", "step": step, "block": src, "sent": sent})
-            for w in works:
-                w.wait()
-            kv = incoming if incoming is not None else kv
         if n > 1:                                   # the last hop brings my block's sum home
             home = torch.empty_like(own)
             dist.recv(home, src=left, group=group, tag=GRAD_TAG)

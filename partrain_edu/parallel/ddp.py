@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from partrain_edu.parallel.buckets import Bucket, GradBucketHooks, plan_buckets
+from partrain_edu.parallel.buckets import Bucket, GradBucketHooks, allreduce_mean, plan_buckets
 from partrain_edu.parallel.mixed_precision import LowPrecisionCopy, MixedPrecision, cast_floating
 
 # PyTorch DDP's default cap (`bucket_cap_mb=25`): `ddp` and `torch-ddp` run alike. TinyGPT's 0.87 MB of fp32
@@ -113,12 +113,10 @@ class DistributedDataParallel(nn.Module):
 
     def _launch(self, bucket: Bucket) -> None:
         """A full bucket: average its gradients over the ranks without waiting (backward goes on)."""
-        flat = bucket.pack()                 # (bucket numel,) this rank's gradients
-        flat.div_(self.world_size)           # divide first, as PyTorch does: the sum cannot overflow fp16
         record = {"bucket": bucket.index, "bytes": bucket.nbytes, "params": len(bucket.params),
                   "launched": self.clock()}
         self._step.setdefault("buckets", []).append(record)
-        work = dist.all_reduce(flat, group=self.group, async_op=True)   # through dist: CommTracer sees it
+        work = allreduce_mean(bucket, self.group, self.world_size, async_op=True)   # unpacked in `_finish`
         # Runs when the all-reduce has completed (on Gloo's thread): the finish time of the overlap picture.
         done = work.get_future().then(lambda fut: record.update(finished=self.clock()))
         self._pending.append((bucket, done))

@@ -2,17 +2,16 @@
 
     fsdp = FullyShardedDataParallel(model, units=lambda name, m: isinstance(m, Block)); AdamW(fsdp.parameters())
 
-Rajbhandari et al. 2020 ("ZeRO", §5.3) and Zhao et al. 2023 ("PyTorch FSDP", §3): the model is cut into units
-(default: every child of every nn.ModuleList/ModuleDict — transformer blocks) plus the root, which owns the
-rest and stays gathered through forward. A unit's parameters of one dtype form a `FlatShard` padded once to a
-multiple of n; a rank keeps ⌈Ψ_u/n⌉ of them. fp32 + AdamW per rank: params, grads 4⌈Ψ/n⌉ each, optimizer
-8⌈Ψ/n⌉ plus a `step` per piece, plus the gathered units (`peak_gathered_bytes`). Sent per unit and
-micro-batch (§7.2.2): all-gather for forward, all-gather for backward, reduce-scatter of the gradient —
-3·(n−1)/n·Ψ·bytes, 1.5× DDP's. One unit's mechanics: `fsdp_unit.py`. `MixedPrecision(torch.bfloat16)`
-(zero3-bf16): gathers and reduce-scatters in bf16, half the bytes; the shard stays the fp32 master.
-`parameters()` — and the wrapped module's own — yield this rank's 1-D *pieces* under the original names
-(use_orig_params): an elementwise optimizer acts per parameter as in one process. `state_dict()` speaks the
-unwrapped module's format; clip with `clip_grad_norm_`, accumulate in `no_sync()` (docs/pytorch_semantics.md).
+Rajbhandari et al. 2020 ("ZeRO", §5.3), Zhao et al. 2023 ("PyTorch FSDP", §3). **Sharded**: the model is cut
+into units (default: every child of every ModuleList/ModuleDict) and the root, which owns the rest
+(fsdp_layout.py); a unit's parameters of one dtype form a `FlatShard`, a rank keeps ⌈Ψ_u/n⌉ of them. fp32 +
+AdamW per rank: params, grads 4⌈Ψ/n⌉ each, optimizer 8⌈Ψ/n⌉, plus the gathered units (`peak_gathered_bytes`).
+**Sent** per unit and micro-batch (§7.2.2), the four phases below: (1) all-gather before its forward, (2) free
+after it, (3) all-gather again in backward, (4) reduce-scatter its gradient: 3·(n−1)/n·Ψ·bytes, 1.5× DDP's.
+One unit's mechanics: fsdp_unit.py. `MixedPrecision(torch.bfloat16)` (zero3-bf16) gathers and reduce-scatters in
+bf16, half the bytes; the shard stays the fp32 master. `parameters()`: this rank's 1-D *pieces* under the original
+names (use_orig_params), stepped per parameter as in one process. `state_dict()`: the unwrapped module's
+(fsdp_state.py); `clip_grad_norm_`, `no_sync()`: docs/pytorch_semantics.md.
 """
 from __future__ import annotations
 
@@ -23,12 +22,13 @@ from typing import Callable, Iterable
 import torch
 import torch.nn as nn
 
-from partrain_edu.parallel import clipping
+from partrain_edu.parallel import clipping, fsdp_state
 from partrain_edu.parallel.buckets import OncePerBackward
 from partrain_edu.parallel.ddp import broadcast_parameters
 from partrain_edu.parallel.flat_shard import FlatShard
+from partrain_edu.parallel.fsdp_layout import choose_units, shard_units
 from partrain_edu.parallel.fsdp_unit import Unit, UnitShard, in_backward
-from partrain_edu.parallel.mixed_precision import MixedPrecision, cast_floating, full_precision_params
+from partrain_edu.parallel.mixed_precision import MixedPrecision, cast_floating
 
 __all__ = ["FullyShardedDataParallel", "MixedPrecision"]   # MixedPrecision is shared with DDP: mixed_precision.py
 
@@ -54,13 +54,13 @@ class FullyShardedDataParallel(nn.Module):
         self.timeline: list[tuple[str, int, float]] = []
         self.gathered: dict[int, UnitShard] = {}            # id(gathered buffer) → its shard, while forward runs
         self._sweep = OncePerBackward(self._free_after_backward)
-        chosen = _choose_units(module, units)
+        chosen = choose_units(module, units)
         self.units = [Unit(0, module, self)] + [Unit(i + 1, m, self) for i, m in enumerate(chosen)]
         self._names: dict[int, list[str]] = {}              # id(parameter) → its names, one process's order
         for name, p in module.named_parameters(remove_duplicate=False):
             self._names.setdefault(id(p), []).append(name)
         order = [id(p) for p in module.parameters()]
-        self._shard(module)
+        shard_units(self.units, module, self.mixed_precision)   # the attributes become slots: fsdp_layout.py
         where = {id(p): piece for s in self.shards() for p, piece in zip(s.flat.params, s.flat.pieces)}
         self._pieces = [(self._names[i], where[i]) for i in order]
         for u in self.units[1:]:
@@ -68,43 +68,61 @@ class FullyShardedDataParallel(nn.Module):
                                                with_kwargs=True)
             u.module.register_forward_hook(lambda mod, args, out, u=u: u.free_after_forward())
 
-    def _shard(self, module: nn.Module) -> None:
-        """Give every parameter to the unit whose modules use it — the root when several units do (it is
-        gathered through the whole forward: one slot, one gradient) — and lay each unit's parameters out by
-        (dtype, trainable, kept in its dtype under mixed precision). The module attributes become plain slots, filled while their unit computes."""
-        unit_of = {id(u.module): u for u in self.units}
-        users: dict[int, set[int]] = {}                     # id(parameter) → indices of the units using it
-        slots: dict[int, list] = {}                         # id(parameter) → [(module, attr, name)]
-        params: dict[int, nn.Parameter] = {}
-        seen: set[tuple[int, int]] = set()
+    # -- the ZeRO-3 story, in four phases --------------------------------------------------------------
+    def forward(self, *args, **kwargs):
+        self.timeline.clear()                               # bounded: one forward (and its backward)
+        for s in self.shards():
+            s.drop_pending()
+        args, kwargs = cast_floating((args, kwargs), self.mixed_precision.param_dtype)
+        # Saved tensors that view a gathered unit keep (shard, layout) instead (phase 2), re-gathered on use (3)
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            if self.prefetch and len(self.units) > 1:
+                self.units[1].prefetch()
+            self.units[0].gather_for_forward()              # the root stays gathered through the forward
+            try:                                            # each unit: _enter (1), its hook frees it (2)
+                return cast_floating(self.module(*args, **kwargs), self.mixed_precision.output_dtype)
+            finally:
+                for u in self.units:                        # the root; any unit an exception left gathered
+                    if u.index == 0 or any(s.full is not None for s in u.shards):
+                        u.free_after_forward()
+                if self.prefetch and len(self.units) > 1:
+                    self.units[-1].prefetch()               # backward starts with the last unit
 
-        def walk(m: nn.Module, prefix: str, unit: Unit) -> None:
-            unit = unit_of.get(id(m), unit)
-            if (id(m), unit.index) in seen:
-                return
-            seen.add((id(m), unit.index))
-            for attr, p in m._parameters.items():
-                if p is not None:
-                    users.setdefault(id(p), set()).add(unit.index)
-                    params[id(p)] = p
-                    if all(s[0] is not m or s[1] != attr for s in slots.setdefault(id(p), [])):
-                        slots[id(p)].append((m, attr, prefix + attr))
-            for name, child in m._modules.items():
-                if child is not None:
-                    walk(child, f"{prefix}{name}.", unit)
+    # 1. gather a unit's parameters before its forward (and prefetch the next unit's)
+    def _enter(self, unit: Unit, args, kwargs):
+        unit.gather_for_forward()
+        if self.prefetch and unit.index + 1 < len(self.units) and not in_backward():   # not a recomputation
+            self.units[unit.index + 1].prefetch()           # overlaps with this unit's compute
+        return cast_floating((args, kwargs), self.mixed_precision.param_dtype)
 
-        walk(module, "", self.units[0])
-        kept = full_precision_params(module) if self.mixed_precision.param_dtype else set()   # BatchNorm's
-        for u in self.units:
-            mine = [i for i in params if users[i] == {u.index} or (u.index == 0 and len(users[i]) > 1)]
-            groups: dict[tuple, list[int]] = {}
-            for i in mine:
-                groups.setdefault((params[i].dtype, params[i].requires_grad, i in kept), []).append(i)
-            for (_, _, keep), ids in groups.items():
-                for i in ids:
-                    for m, attr, _ in slots[i]:
-                        del m._parameters[attr]
-                u.shards.append(UnitShard(u, [params[i] for i in ids], [slots[i] for i in ids], keep_dtype=keep))
+    # 2. free them after its forward (`Unit.free_after_forward`): autograd must not keep the gathered buffer
+    #    alive through a saved weight, so a weight saved for backward is kept as (shard, layout), not a view
+    def _pack(self, t: torch.Tensor):
+        shard = self.gathered.get(id(t._base)) if t._base is not None else None
+        if shard is not None and t._base is shard.full:     # a weight (or its transpose) viewing a gathered unit
+            return shard, t.size(), t.stride(), t.storage_offset()
+        return t
+
+    # 3. gather again in backward, when autograd first unpacks one of them; free when the backward ends
+    def _unpack(self, packed):
+        if isinstance(packed, tuple):
+            shard, size, stride, offset = packed
+            return shard.full_for_backward().as_strided(size, stride, offset)
+        return packed
+
+    def regathered(self, shard: UnitShard) -> None:
+        """A shard was gathered again in backward: prefetch the unit backward reaches next (blocks run in
+        reverse), and free whatever is still gathered when this backward ends (frozen shards have no _Gather)."""
+        if self.prefetch and shard.unit.index > 1:
+            self.units[shard.unit.index - 1].prefetch()
+        self._sweep.arm()
+
+    def _free_after_backward(self) -> None:
+        for s in self.shards():
+            s.free_backward()
+
+    # 4. reduce-scatter a unit's gradient when its backward is done: `fsdp_unit._Gather.backward` returns each
+    #    piece its part, which autograd sums into piece.grad (micro-batches too, as in one process)
 
     # -- what the optimizer, the checkpoint and the tests see -------------------------------------------
     def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
@@ -112,6 +130,9 @@ class FullyShardedDataParallel(nn.Module):
         for names, piece in self._pieces:
             for name in names[:1] if remove_duplicate else names:
                 yield prefix + name, piece
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        return self.module.named_buffers(prefix, recurse, remove_duplicate)
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -131,9 +152,6 @@ class FullyShardedDataParallel(nn.Module):
         device = self.shards()[0].flat.data.device if self.shards() else None
         return clipping.clip_shards_(grads, max_norm, norm_type, self.group, error_if_nonfinite, device=device)
 
-    def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
-        return self.module.named_buffers(prefix, recurse, remove_duplicate)
-
     def shards(self) -> list[UnitShard]:
         return [s for u in self.units for s in u.shards]
 
@@ -142,14 +160,23 @@ class FullyShardedDataParallel(nn.Module):
         in the order the parameters first appear — the same on every rank and for every world size."""
         return [s.flat for s in self.shards()]
 
+    # the unsharded view, gathered (collectives) or loaded (local): fsdp_state.py
+    def summon_full_params(self):
+        """Every parameter gathered in its own dtype and readable on the module (no grad, read-only;
+        a collective: every rank enters it)."""
+        return fsdp_state.summon_full_params(self)
+
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
+        """One process's `module.state_dict()`, full and unsharded. A collective: every rank calls it."""
+        return fsdp_state.full_state_dict(self, destination=destination, prefix=prefix)
+
+    full_state_dict = state_dict
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Load a full state dict (one process's format): keep this rank's chunk of every parameter. Local."""
+        return fsdp_state.load_full_state_dict(self, state_dict, strict=strict)
+
     # -- bookkeeping the units report to --------------------------------------------------------------
-    def compute_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        wanted = self.mixed_precision.param_dtype
-        return wanted if wanted is not None and dtype.is_floating_point else dtype
-
-    def reduce_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        return self.mixed_precision.wire_dtype(dtype)
-
     def track(self, delta: int) -> None:
         """Bytes of gathered buffers alive now (+ when an all-gather allocates one, − when it is freed)."""
         self.gathered_bytes_now += delta
@@ -157,119 +184,3 @@ class FullyShardedDataParallel(nn.Module):
 
     def log(self, event: str, unit: Unit) -> None:
         self.timeline.append((event, unit.index, time.perf_counter()))
-
-    def regathered(self, shard: UnitShard) -> None:
-        """A shard was gathered again in backward: prefetch the unit backward reaches next (blocks run in
-        reverse), and free whatever is still gathered when this backward ends (frozen shards have no _Gather)."""
-        if self.prefetch and shard.unit.index > 1:
-            self.units[shard.unit.index - 1].prefetch()
-        self._sweep.arm()
-
-    def _free_after_backward(self) -> None:
-        for s in self.shards():
-            s.free_backward()
-
-    # -- forward --------------------------------------------------------------------------------------
-    def _enter(self, unit: Unit, args, kwargs):
-        unit.gather_for_forward()
-        if self.prefetch and unit.index + 1 < len(self.units) and not in_backward():   # not a recomputation
-            self.units[unit.index + 1].prefetch()           # overlaps with this unit's compute
-        return cast_floating((args, kwargs), self.mixed_precision.param_dtype)
-
-    def _pack(self, t: torch.Tensor):
-        shard = self.gathered.get(id(t._base)) if t._base is not None else None
-        if shard is not None and t._base is shard.full:     # a weight (or its transpose) viewing a gathered unit
-            return shard, t.size(), t.stride(), t.storage_offset()
-        return t
-
-    def _unpack(self, packed):
-        if isinstance(packed, tuple):
-            shard, size, stride, offset = packed
-            return shard.full_for_backward().as_strided(size, stride, offset)
-        return packed
-
-    def forward(self, *args, **kwargs):
-        self.timeline.clear()                               # bounded: one forward (and its backward)
-        for s in self.shards():
-            s.drop_pending()
-        args, kwargs = cast_floating((args, kwargs), self.mixed_precision.param_dtype)
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-            if self.prefetch and len(self.units) > 1:
-                self.units[1].prefetch()
-            self.units[0].gather_for_forward()              # the root stays gathered through the forward
-            try:
-                return cast_floating(self.module(*args, **kwargs), self.mixed_precision.output_dtype)
-            finally:
-                for u in self.units:                        # the root; any unit an exception left gathered
-                    if u.index == 0 or any(s.full is not None for s in u.shards):
-                        u.free_after_forward()
-                if self.prefetch and len(self.units) > 1:
-                    self.units[-1].prefetch()               # backward starts with the last unit
-
-    # -- the unsharded view: state dicts --------------------------------------------------------------
-    @contextlib.contextmanager
-    def summon_full_params(self):
-        """Every parameter gathered in its own dtype and readable on the module (no grad, read-only;
-        a collective: every rank enters it)."""
-        with torch.no_grad():
-            fulls = [(s, s.flat.all_gather()) for s in self.shards()]
-            try:
-                yield {id(s): s.set_views(full) for s, full in fulls}
-            finally:
-                for s, _ in fulls:
-                    s.set_views(None)
-
-    @contextlib.contextmanager
-    def _registered(self, fulls: dict[int, list[torch.Tensor]]):
-        """The views in `fulls` registered as the module's parameters again, so nn.Module's own state-dict
-        code names, orders and loads them (a tied parameter under each of its names, as in one process)."""
-        for s in self.shards():
-            s.register(fulls[id(s)])
-        try:
-            yield
-        finally:
-            for s in self.shards():
-                s.register(s.flat.pieces)
-
-    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
-        """The full, unsharded state dict (parameters and buffers) under the wrapped module's names — one
-        process's `module.state_dict()`. A collective: every rank calls it."""
-        with self.summon_full_params() as fulls, self._registered(fulls):
-            return self.module.state_dict(destination=destination, prefix=prefix)
-
-    full_state_dict = state_dict
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """Load a full state dict (one process's format): keep this rank's chunk of every parameter. Local."""
-        fulls, chunks = {}, []
-        with torch.no_grad():
-            for s in self.shards():
-                flat = s.flat
-                full = torch.zeros(flat.padded, dtype=flat.data.dtype, device=flat.data.device)
-                lo = flat.rank * flat.shard_numel
-                chunk = full[lo:lo + flat.shard_numel]
-                chunk.copy_(flat.data)                      # a parameter left out keeps its value
-                fulls[id(s)], chunks = flat.views(full), chunks + [(flat.data, chunk)]
-            with self._registered(fulls):
-                result = self.module.load_state_dict(state_dict, strict=strict)
-            for mine, loaded in chunks:
-                mine.copy_(loaded)                          # in place: the pieces and the optimizer keep theirs
-        return result
-
-
-def _choose_units(module: nn.Module, units) -> list[nn.Module]:
-    """The unit modules in the wrapped module's order (the order prefetch assumes they run in)."""
-    named = [(name, m) for name, m in module.named_modules() if name]
-    if isinstance(units, nn.Module):                        # a module is callable too: not a policy
-        units = list(units.children()) if isinstance(units, (nn.ModuleList, nn.ModuleDict)) else [units]
-    if units is None:
-        children = {id(c) for _, m in named if isinstance(m, (nn.ModuleList, nn.ModuleDict)) for c in m.children()}
-        return [m for _, m in named if id(m) in children]
-    if callable(units):
-        return [m for name, m in named if units(name, m)]
-    wanted = {id(m) for m in units}
-    chosen = [m for _, m in named if id(m) in wanted]
-    if len(chosen) != len(wanted):
-        raise ValueError("every unit must be a submodule of the wrapped module (not the module itself): pass "
-                         "modules from module.modules(), or a policy callable(name, module) -> bool")
-    return chosen

@@ -80,7 +80,8 @@ class UnitShard:
                 clipping.mark_on_accumulate(piece, clipping.FSDP)
         self.accumulated: tuple[torch.Tensor, list[bool]] | None = None   # no_sync's (padded,) sum, used
         # gathered (and computed) in this dtype; keep_dtype: BatchNorm's, beside its fp32 running statistics
-        self.dtype = self.flat.data.dtype if keep_dtype else self.owner.compute_dtype(self.flat.data.dtype)
+        master = self.flat.data.dtype
+        self.dtype = master if keep_dtype else self.owner.mixed_precision.compute_dtype(master)
         self.nbytes = self.flat.padded * torch.empty((), dtype=self.dtype).element_size()
         self.full: torch.Tensor | None = None             # (padded,) gathered for forward
         self.backward_full: torch.Tensor | None = None    # (padded,) gathered again for backward
@@ -180,7 +181,7 @@ class UnitShard:
 
     def reduce(self, grad_full: torch.Tensor) -> torch.Tensor:
         """(s,) this rank's chunk of the gradient averaged over ranks, in reduce_dtype on the wire."""
-        wire = self.owner.reduce_dtype(self.flat.data.dtype)
+        wire = self.owner.mixed_precision.wire_dtype(self.flat.data.dtype)
         chunk = self.flat.reduce_scatter_mean(grad_full.to(wire).contiguous())   # a scratch copy when cast
         return chunk.to(self.flat.data.dtype)
 

@@ -12,8 +12,7 @@ the dp group all-reduces this rank's Ψ/(pp·tp) gradients once per step, 2(dp�
 """
 from __future__ import annotations
 
-import torch.distributed as dist
-
+from partrain_edu.parallel.buckets import allreduce_mean
 from partrain_edu.theory.grid import ORDER
 
 
@@ -42,7 +41,4 @@ def dp_average_gradients(buckets, group, size: int) -> None:
     """After the pipeline has drained: average each bucket of gradients over the data-parallel group
     (DDP's bucketed all-reduce, without the overlap: the last micro-batch's backward is already done)."""
     for bucket in buckets:
-        flat = bucket.pack()     # (bucket numel,) this replica's gradients
-        flat.div_(size)
-        dist.all_reduce(flat, group=group)
-        bucket.unpack()
+        allreduce_mean(bucket, group, size)

@@ -32,6 +32,10 @@ class MixedPrecision:
     reduce_dtype: torch.dtype | None = None
     output_dtype: torch.dtype | None = None
 
+    def compute_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype a `dtype` parameter is computed (and FSDP-gathered) in."""
+        return self.param_dtype if self.param_dtype is not None and dtype.is_floating_point else dtype
+
     def wire_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The dtype a gradient of a `dtype` parameter is reduced in."""
         if not dtype.is_floating_point:

@@ -21,8 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from partrain_edu.parallel.buckets import Bucket
-from partrain_edu.parallel.hybrid import dp_average_gradients
+from partrain_edu.parallel.buckets import Bucket, allreduce_mean
 from partrain_edu.parallel.moe_routing import Routing, route
 from partrain_edu.theory.moe import dispatch_bytes, ep_dp_groups
 
@@ -172,9 +171,9 @@ def expert_parallel_groups(ep: int) -> tuple[object, object]:
 def average_gradients(layer: ExpertParallelMoE, dp_group, world_group=None) -> None:
     """Gradients of the mean of every rank's loss: an expert's gradient already sums its expert-parallel
     group's tokens (the all-to-all brought them), so it is summed over `dp_group`; the router's over all
-    ranks (`world_group`); both ÷ world size. One all-reduce each (hybrid.dp_average_gradients)."""
+    ranks (`world_group`); both ÷ world size. One all-reduce each (buckets.allreduce_mean)."""
     world = dist.get_world_size(world_group)
     for index, (module, group) in enumerate(((layer.experts, dp_group), (layer.router, world_group))):
         trained = [p for p in module.parameters() if p.requires_grad]     # frozen ones keep grad None
         if trained:
-            dp_average_gradients([Bucket(index, trained)], group, world)
+            allreduce_mean(Bucket(index, trained), group, world)

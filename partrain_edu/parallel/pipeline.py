@@ -8,25 +8,25 @@
 2021, §2.2.2) V chunks, virtual stage v = chunk·p + s. **Communicated** (pp_comm.py): per micro-batch and
 boundary, the activation forward and its gradient back; a middle stage sends 2m messages per step.
 **Schedule**: rank s runs exactly `theory.schedules.build_schedule(...).actions[s]`; each action waits only for its
-message: the bubble (气泡), (p−1)/(m+p−1) for GPipe (Huang et al. 2019) and 1F1B. Under ZB-H1 (Qi et al. 2024)
-B is the input gradient only and W, later, the weights' (`split_backward`). Events are recorded in the
-simulator's shape and stashed activations counted (GPipe m, 1F1B p − s, ZB-H1 p: W holds its graph).
-**Equivalence**: gradients are Σ_mb (loss_mb / m)', one process's accumulation: the same loss and gradients.
-TinyGPT's stages (embedding first, head last) and the pp-* strategies: strategies/pipeline.py.
+message: the bubble (气泡), (p−1)/(m+p−1) for GPipe (Huang et al. 2019) and 1F1B; ZB-H1's split B and W (Qi et
+al. 2024): zero_bubble.py. Events are recorded in the simulator's shape and stashed activations counted (GPipe m,
+1F1B p − s, ZB-H1 p: W holds its graph). **Equivalence**: gradients are Σ_mb (loss_mb / m)', one process's
+accumulation. TinyGPT's stages (embedding first, head last) and the pp-* strategies: strategies/pipeline.py.
 """
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from itertools import accumulate
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.autograd.graph import get_gradient_edge
 
 from partrain_edu.data import split_microbatches
 from partrain_edu.parallel.pp_comm import Boundary, Mailbox
+# backward_input too: the B and W halves were defined here first (notebook 13 points at this file for them)
+from partrain_edu.parallel.zero_bubble import SplitBackward, backward_input, backward_weight  # noqa: F401
 from partrain_edu.theory.schedules import Schedule
 
 
@@ -111,79 +111,6 @@ def infer_boundaries(chunks: list[nn.Module], stage: int, ranks: list[int], samp
     return found
 
 
-# Zero bubble's split backward, on any module. B asks autograd for the gradients of the stage input and of every
-# weighted module's output (a module holding trainable parameters itself: Linear, LayerNorm, Embedding, …): the
-# input-gradient chain, no weight gradient computed, for autograd skips edges nobody asked for. W then runs, from
-# each such output and its gradient, only the edges into that module's own parameters. We split per module rather
-# than walk the autograd graph (torch's `stage_backward_input`): readable in a few lines, the same arithmetic for
-# layers that apply their weight last (Linear, LayerNorm, Embedding; a module whose own weight feeds its children
-# would redo their input gradients in W, correct but slower), and refused, never silently wrong, where a weight
-# is reached other than through its own module's output.
-def _weighted(chunk: nn.Module) -> list[nn.Module]:
-    return [mod for mod in chunk.modules() if any(p.requires_grad for p in mod.parameters(recurse=False))]
-
-
-@contextmanager
-def _recording(modules: list[nn.Module]):
-    """[(module, output)] of each weighted module's forward while the block runs (once each, a tensor)."""
-    seen: list[tuple[nn.Module, torch.Tensor]] = []
-
-    def hook(mod, args, out):
-        if not isinstance(out, torch.Tensor) or any(m is mod for m, _ in seen):
-            raise ValueError(f"B/W split needs each weighted module to return one tensor, once per forward; "
-                             f"{type(mod).__name__} does not: use a schedule without W (1f1b)")
-        seen.append((mod, out))
-    handles = [mod.register_forward_hook(hook) for mod in modules]
-    try:
-        yield seen
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def _check_split(out: torch.Tensor, recorded, chunk: nn.Module) -> None:
-    """Every path from `out` to a parameter must pass through its own module's output, or W would miss it
-    (a weight used by another module, e.g. tied): a one-line ValueError. Walked once, on the first forward."""
-    def reached(avoid) -> set[int]:  # ids of the parameters autograd reaches from `out` without passing `avoid`
-        seen, todo, found = set(), [out.grad_fn], set()
-        while todo:
-            node = todo.pop()
-            if node is None or node is avoid or node in seen:
-                continue
-            seen.add(node)
-            if hasattr(node, "variable"):   # an AccumulateGrad: a leaf's gradient lands here
-                found.add(id(node.variable))
-            todo.extend(n for n, _ in node.next_functions)
-        return found
-    owner = {id(mod): y.grad_fn for mod, y in recorded}
-    for mod in _weighted(chunk):
-        leak = reached(owner.get(id(mod))) & {id(p) for p in mod.parameters(recurse=False)}
-        if leak:
-            name = next(n for n, p in chunk.named_parameters() if id(p) in leak)
-            raise ValueError(f"parameter {name} is reached other than through its module's output (shared or "
-                             "tied?), so the B/W split cannot compute its gradient: use 1f1b")
-
-
-def backward_input(out, grad, inp, recorded) -> tuple[torch.Tensor | None, list]:
-    """B: the stage input's gradient and, kept for W, each weighted module's (output, output gradient)."""
-    ys = [(mod, y) for mod, y in recorded if y.requires_grad]
-    wanted = ([inp] if inp.requires_grad else []) + [y for _, y in ys]
-    if not (out.requires_grad and wanted):
-        return None, []
-    grads = torch.autograd.grad(out, wanted, grad, retain_graph=True, allow_unused=True)  # the graph stays for W
-    dys = grads[1:] if inp.requires_grad else grads
-    # W needs each output's place in the graph (an edge), not its values: those are freed now, unless saved
-    return (grads[0] if inp.requires_grad else None), [(mod, get_gradient_edge(y), dy)
-                                                       for (mod, y), dy in zip(ys, dys) if dy is not None]
-
-
-def backward_weight(pending) -> None:
-    """W: each weighted module's parameter gradients from its output's, accumulated into .grad as backward does."""
-    for mod, edge, dy in pending:
-        own = [p for p in mod.parameters(recurse=False) if p.requires_grad]
-        torch.autograd.backward(edge, dy, inputs=own, retain_graph=True)  # the graph goes with the stash entry
-
-
 class PipelineExecutor:
     """Runs one rank's action list of a `Schedule` over its `chunks` (any modules: virtual stages stage, stage + p,
     …), with real sends/receives through `mailbox`, `ranks[s]` being stage s's rank; records what ran when."""
@@ -200,8 +127,7 @@ class PipelineExecutor:
                              f"give {schedule.chunks} chunks, {schedule.stages} ranks and a Mailbox of "
                              f"{virtual - 1} boundaries (got {len(chunks)}, {len(ranks)}, {mailbox.vs - 1})")
         self.p, self.last_virtual = schedule.stages, virtual - 1
-        self.weighted = [_weighted(c) if schedule.split_backward else [] for c in chunks]
-        self.unchecked = set(range(len(chunks))) if schedule.split_backward else set()
+        self.split = SplitBackward(chunks, schedule.split_backward)   # whole, or ZB's B and W: zero_bubble.py
         self.events: list[dict] = []       # this rank's last step, in seconds of `clock`
         self.peak = 0                      # most (micro-batch, chunk) activations stashed at once, last step
 
@@ -226,16 +152,14 @@ class PipelineExecutor:
                 else:  # wait for the previous virtual stage's activation (the bubble, if it is late)
                     inp = self.mail.recv(self.rank_of(v - 1), "F", a.microbatch, v).requires_grad_()
                 start = self.clock()
-                with self._work("F", a.chunk), _recording(self.weighted[a.chunk]) as recorded:
+                with self._work("F", a.chunk), self.split.record(a.chunk) as recorded:
                     out = self.chunks[a.chunk](inp)
                 if v == self.last_virtual:
                     yb = micro[a.microbatch][1]
                     loss = self.loss_fn(out, yb)
                     loss_sum += loss.item() * yb.size(0)
                     out = loss / m                   # backward from the scaled loss, as `accumulate`
-                if a.chunk in self.unchecked and out.requires_grad:
-                    _check_split(out, recorded, self.chunks[a.chunk])
-                    self.unchecked.discard(a.chunk)
+                self.split.check(a.chunk, out, recorded)
                 end = self.clock()            # before the send: the receiver cannot start earlier
                 if v != self.last_virtual:
                     self.mail.send(out, self.rank_of(v + 1), "F", a.microbatch, v + 1)
@@ -246,12 +170,9 @@ class PipelineExecutor:
                 start = self.clock()
                 inp, out, recorded = stash.pop(key)  # frees this micro-batch's activations, unless W needs them
                 with self._work("B", a.chunk):
-                    if self.schedule.split_backward:  # the input gradient only; W's share waits in the stash
-                        inp_grad, stash[key] = backward_input(out, grad, inp, recorded)
-                    else:
-                        if out.requires_grad:        # not so only on a first stage without parameters
-                            out.backward(grad)
-                        inp_grad = inp.grad
+                    inp_grad, weights_later = self.split.backward(out, grad, inp, recorded)
+                if weights_later is not None:        # ZB: W's share waits in the stash
+                    stash[key] = weights_later
                 end = self.clock()
                 if v > 0:
                     self.mail.send(inp_grad, self.rank_of(v - 1), "B", a.microbatch, v - 1)

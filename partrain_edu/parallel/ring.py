@@ -51,13 +51,17 @@ def _flat(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.view(-1)
 
 
-def _ring(group) -> tuple[int, int, int, int]:
-    """(my rank in the group, group size, global rank of my right neighbour, of my left neighbour)."""
+def ring_neighbours(group) -> tuple[int, int, int, int]:
+    """(my rank in the group, group size, global rank of my right neighbour, of my left neighbour): whom a
+    ring sends to and receives from (ring attention's K, V blocks too: context.py)."""
     me, n = dist.get_rank(group), dist.get_world_size(group)
     pg = group if group is not None else dist.group.WORLD
     right = dist.get_global_rank(pg, (me + 1) % n)
     left = dist.get_global_rank(pg, (me - 1) % n)
     return me, n, right, left
+
+
+_ring = ring_neighbours   # the name the ring functions call it by (notebook 01 prints ring_reduce_scatter's source)
 
 
 def _exchange(flat: torch.Tensor, send: tuple[int, int], recv: tuple[int, int], right: int, left: int,

@@ -7,25 +7,23 @@ Rajbhandari et al. 2020, "ZeRO", §5.1–5.2. Every rank keeps the whole model f
 trainable parameters of each dtype are laid in one flat buffer (`flat_shard.FlatShard`) and rank k updates only
 its chunk of ⌈Ψ/n⌉ elements. Sharded, fp32 + Adam: stage 1 optimizer 8⌈Ψ/n⌉ (grads stay 4Ψ); stage 2 also
 grads 4⌈Ψ/n⌉. Sent per step (§7.2.1): reduce-scatter of the gradients, all-gather of the updated chunks,
-2(n−1)/n·Ψ·4 bytes — DDP's all-reduce, which IS a reduce-scatter then an all-gather. Stage 2 reduce-scatters
-at the end of every backward (m per step with m micro-batches) and drops the full gradients.
-
-The inner optimizer is given this rank's *pieces* of the parameters, so an elementwise update (SGD, Adam,
-AdamW, …) is exactly the single-process one, parameter by parameter: param groups, a `step` per parameter, and
-no update for a parameter without a gradient. Frozen parameters are left out. Clip with `opt.clip_grad_norm_`
-(a norm of `p.grad` is refused: clipping.py); stage 2 reduce-scatters each backward unless in `no_sync()`.
+2(n−1)/n·Ψ·4 bytes — DDP's all-reduce, which IS a reduce-scatter then an all-gather. Stage 2 reduce-scatters at
+the end of every backward unless in `no_sync()` (m per step with m micro-batches) and drops the full gradients.
+The inner optimizer steps this rank's *pieces* of the parameters, so an elementwise update (SGD, Adam, AdamW, …)
+is the single-process one, parameter by parameter (param groups, a `step` each, none without a gradient); frozen
+parameters are left out. Clip with `opt.clip_grad_norm_` (a norm of `p.grad` is refused: clipping.py).
 """
 from __future__ import annotations
 
 import contextlib
 
 import torch
-import torch.distributed as dist
 
 from partrain_edu.parallel import clipping
 from partrain_edu.parallel.buckets import OncePerBackward
 from partrain_edu.parallel.ddp import broadcast_tensors
 from partrain_edu.parallel.flat_shard import FlatShard, by_dtype
+from partrain_edu.parallel.zero_state import full_state_dict, load_full_state_dict, mirror_hyperparameters
 
 # Optimizers whose update of an element reads only that element's parameter, gradient and state: splitting a
 # parameter across ranks then changes nothing. LAMB/LARS-style trust ratios or Adafactor's factored moments
@@ -56,13 +54,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
             raise ValueError("ZeroOptimizer got no parameter with requires_grad=True: nothing to train")
         broadcast_tensors(trainable, group)
         self.flats = [FlatShard(ps, group, keep_full=True) for ps in by_dtype(trainable)]
-        self._where = {id(p): (f, i) for f in self.flats for i, p in enumerate(f.params)}
+        self.where = {id(p): (f, i) for f in self.flats for i, p in enumerate(f.params)}   # → (FlatShard, index)
         inner_groups = [{**{k: v for k, v in g.items() if k != "params"},
                          "params": [self._piece(p) for p in g["params"] if p.requires_grad]} for g in self.param_groups]
         self.inner = optimizer_class(inner_groups, **defaults)
-        for mine, theirs in zip(self.param_groups, self.inner.param_groups):
-            for key, value in theirs.items():                   # the optimizer's own defaults, visible here
-                mine.setdefault(key, value)
+        # the optimizer's own defaults (betas, eps, …), visible here; step() then mirrors ours to it
+        mirror_hyperparameters(self.inner.param_groups, self.param_groups, missing_only=True)
         self.state = self.inner.state                           # this rank's states, keyed by piece
         self._grads = {id(f): None for f in self.flats}         # (s,) reduced gradient, summed over backwards
         self._used = {id(f): [False] * len(f.params) for f in self.flats}
@@ -100,7 +97,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             self._sync = True
 
     def _piece(self, p: torch.Tensor) -> torch.Tensor:
-        flat, i = self._where[id(p)]
+        flat, i = self.where[id(p)]
         return flat.pieces[i]
 
     def add_param_group(self, param_group: dict) -> None:
@@ -128,14 +125,16 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        # 1. reduce-scatter: this rank's chunk of the averaged gradient (stage 2: done as each backward ended)
         self._reduce_now()
-        for mine, theirs in zip(self.param_groups, self.inner.param_groups):
-            theirs.update({k: v for k, v in mine.items() if k != "params"})   # an LR scheduler writes ours
         for flat in self.flats:
             flat.set_piece_grads(self._grads[id(flat)], self._used[id(flat)])
+        # 2. update this rank's pieces, under our groups' hyperparameters (an LR scheduler writes ours)
+        mirror_hyperparameters(self.param_groups, self.inner.param_groups)
         self.inner.step()
+        # 3. all-gather: every replica gets every updated chunk
         for flat in self.flats:
-            flat.all_gather(out=flat.full)                      # every replica gets every updated chunk
+            flat.all_gather(out=flat.full)
         if self.stage == 1:
             self._clear_reduced()                               # stage 1's resident gradients are the full ones
         return loss
@@ -174,47 +173,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """The reduced gradient chunks alive now (stage 2 keeps them from backward until `zero_grad`)."""
         return [g for g in self._grads.values() if g is not None]
 
+    # -- the single-process format, gathered and cut again: zero_state.py -----------------------------------
     def state_dict(self) -> dict:
         """The single-process optimizer's state dict (full states, parameters numbered across groups)."""
-        index = {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
-        state = {}
-        for flat in self.flats:
-            pieces = [self.inner.state.get(piece, {}) for piece in flat.pieces]
-            # Per-element states (moments, momentum) are all-gathered; scalars (`step`) travel as objects.
-            # Ranks may hold different keys (a rank whose pieces never had a gradient holds none): agree first.
-            mine = ([bool(st) for st in pieces], {k for st in pieces for k, v in st.items()
-                                                  if isinstance(v, torch.Tensor) and v.dim() > 0},
-                    [{k: v for k, v in st.items() if not (isinstance(v, torch.Tensor) and v.dim() > 0)}
-                     for st in pieces])
-            everyone = [None] * dist.get_world_size(self.group)
-            dist.all_gather_object(everyone, mine, group=self.group)
-            keys = sorted(set().union(*(e[1] for e in everyone)))
-            full = {k: flat.gather_state([st.get(k) for st in pieces]) for k in keys}
-            for i, p in enumerate(flat.params):
-                holders = [e for e in everyone if e[0][i]]
-                if not holders:
-                    continue                                    # never stepped: absent, as in one process
-                a, b, shape = flat.spans[i]
-                state[index[id(p)]] = {**holders[0][2][i], **{k: v[a:b].view(shape).clone() for k, v in full.items()}}
-        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [index[id(p)] for p in g["params"]]}
-                  for g in self.param_groups]
-        return {"state": state, "param_groups": groups}
+        return full_state_dict(self)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Load a single-process state dict (from `state_dict()` or a plain optimizer): keep this rank's pieces."""
-        params = [p for g in self.param_groups for p in g["params"]]
-        if len(state_dict["param_groups"]) != len(self.param_groups):
-            raise ValueError(f"state dict has {len(state_dict['param_groups'])} param groups, this optimizer "
-                             f"{len(self.param_groups)}: load it into an optimizer built the same way")
-        for mine, saved in zip(self.param_groups, state_dict["param_groups"]):
-            mine.update({k: v for k, v in saved.items() if k != "params"})
-        self.inner.state.clear()
-        for i, st in state_dict["state"].items():
-            p = params[int(i)]
-            if id(p) not in self._where:
-                continue
-            flat, j = self._where[id(p)]
-            self.inner.state[flat.pieces[j]] = {
-                k: flat.piece_of(j, v).clone() if isinstance(v, torch.Tensor) and v.shape == p.shape and v.dim() > 0
-                else (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in st.items()}
-
+        load_full_state_dict(self, state_dict)
