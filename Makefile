@@ -67,7 +67,7 @@ notebooks: install
 
 # Regenerate exercises/ from solutions/ (answers stripped); a test fails when they are out of date.
 exercises: install
-	$(BIN)/python -m partrain_edu.grading.make_exercises
+	$(BIN)/python -m partrain_edu.grading.authoring.make_exercises
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -15,7 +15,7 @@ import sys
 import time
 
 from partrain_edu.config import add_train_arguments, config_from_args
-from partrain_edu.grading.cli import add_subcommands as add_grading_subcommands
+from partrain_edu.grading.headless.cli import add_subcommands as add_grading_subcommands
 from partrain_edu.theory.cli import add_subcommands as add_theory_subcommands
 
 

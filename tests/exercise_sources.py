@@ -7,7 +7,7 @@ from pathlib import Path
 
 import nbformat
 
-from partrain_edu.grading.core import Source
+from partrain_edu.grading.learner_code import Source
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,8 +13,8 @@ from exercise_sources import solution_source, variant
 
 from partrain_edu.grading import run_check
 from partrain_edu.grading.checks import communication_bounds as cb
-from partrain_edu.grading.core import Source
 from partrain_edu.grading.givens.communication_bounds import BANDWIDTH, MODEL_7_5B, PEAK_FLOPS
+from partrain_edu.grading.learner_code import Source
 from partrain_edu.theory.hardware import DEVICES
 from partrain_edu.theory.planner import assumed_shape
 from partrain_edu.theory.traffic import LINKS, ring_bytes_sent

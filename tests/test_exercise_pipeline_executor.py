@@ -8,9 +8,8 @@ from exercise_sources import solution_source, variant
 
 from partrain_edu.grading import run_check
 from partrain_edu.grading.checks import pipeline_executor as pe
-from partrain_edu.grading.core import CHECKS
-from partrain_edu.grading.observations import Reader
-from partrain_edu.grading.rank_observe import tensor
+from partrain_edu.grading.observations import Reader, tensor
+from partrain_edu.grading.registry import CHECKS
 
 NAME = "pipeline_executor"
 SOLUTION = solution_source("11_pipeline_executor", "one_f_one_b_step")
@@ -55,7 +54,7 @@ def test_zeroed_accumulation_names_the_missing_micro_batches():
     per_mb, _, _ = pe.contributions(1)
     last_only = {"grads": [tensor(g) for g in per_mb[-1]], "losses": tensor(None), "peak_bytes": 0,
                  "messages": []}
-    problems = CHECKS[NAME].fn(1, pe.STAGES, Reader(last_only))
+    problems = CHECKS[NAME].verify(1, pe.STAGES, Reader(last_only))
     assert len(problems) == 1 and "stage 1 of 4, gradient of its Linear weight" in problems[0]
     assert "Micro-batch(es) [0, 1, 2, 3, 4] are missing from .grad" in problems[0] and "zero_grad" in problems[0]
 

@@ -3,7 +3,7 @@ are caught with a message naming the mistake. `groups_inside_node` is in-process
 launch per case (about 10–20 s each on an idle 2-core machine, most of it eight processes importing torch)."""
 from exercise_sources import solution_source, variant
 from partrain_edu.grading import run_check
-from partrain_edu.grading.core import Source
+from partrain_edu.grading.learner_code import Source
 
 NOTEBOOK = "07_3d_parallel"
 

@@ -12,9 +12,9 @@ from exercise_sources import solution_source, variant
 
 from partrain_edu.grading import run_check
 from partrain_edu.grading.checks import ring_attention as ra
-from partrain_edu.grading.core import Source, spec_of
-from partrain_edu.grading.observations import verify
-from partrain_edu.grading.rank_observe import tensor
+from partrain_edu.grading.learner_code import Source
+from partrain_edu.grading.observations import tensor, verify
+from partrain_edu.grading.runner import spec_of
 
 SOLUTION = solution_source("12_ring_attention", "ring_attention")
 MERGE = ("        l = l * rescale + p.sum(-1, keepdim=True)\n"

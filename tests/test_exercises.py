@@ -9,9 +9,9 @@ import nbformat
 
 from partrain_edu.cli import main
 from partrain_edu.grading import check_names
-from partrain_edu.grading.core import spec_of
-from partrain_edu.grading.make_exercises import BEGIN, END, generate
-from partrain_edu.grading.manifest import EXERCISES
+from partrain_edu.grading.authoring.make_exercises import BEGIN, END, generate
+from partrain_edu.grading.authoring.manifest import EXERCISES
+from partrain_edu.grading.runner import spec_of
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
@@ -20,7 +20,8 @@ SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 def test_exercises_are_generated_from_solutions_and_up_to_date():
     assert SOLUTIONS, "solutions/ has no notebooks"
     stale = generate(ROOT / "solutions", ROOT / "exercises", check_only=True)
-    assert not stale, f"exercises/ is out of date for {stale}: run python -m partrain_edu.grading.make_exercises"
+    assert not stale, \
+        f"exercises/ is out of date for {stale}: run python -m partrain_edu.grading.authoring.make_exercises"
     for path in SOLUTIONS:
         exercise = nbformat.read(ROOT / "exercises" / path.name, as_version=4)
         code = [c for c in exercise.cells if c.cell_type == "code"]

@@ -6,10 +6,9 @@ import torch
 
 from partrain_edu.cli import main
 from partrain_edu.grading import CHECKS, check, check_names, run_check
+from partrain_edu.grading.authoring.make_exercises import strip_solution
 from partrain_edu.grading.compare import differ
-from partrain_edu.grading.core import WRAP_COLUMNS
-from partrain_edu.grading.make_exercises import strip_solution
-from partrain_edu.grading.rank_observe import OBSERVE, namespace_for
+from partrain_edu.grading.registry import WRAP_COLUMNS
 
 
 # Learners' answers, written out: the course's own references would be refused (imports.py).
@@ -98,13 +97,13 @@ def test_a_failed_check_in_ipython_shows_only_the_learners_problem_lines(capsys)
         "- dp=2, tp=4, pp=8 on 8-GPU nodes (64 GPUs): dp groups expected inside one node, got crossing: e.g. dp "
         "group [59, 63] is all on node 7. Hint: rank = tp_rank + tp·(dp_rank + dp·pp_rank), so dp ranks are tp = 4 "
         "apart: a dp group stretches over tp·dp = 8 consecutive ranks, and a node holds 8"), shown
-    assert "Traceback" not in shown and "core.py" not in shown and "File " not in shown, shown
+    assert "Traceback" not in shown and "runner.py" not in shown and "File " not in shown, shown
 
 
 def test_every_multi_rank_check_has_an_observe_half_on_the_ranks():
-    namespace_for("ring_all_reduce")  # loads every exercise module (grading/checks/)
-    check_names()
-    assert set(OBSERVE) == {name for name, spec in CHECKS.items() if spec.nproc} >= \
+    check_names()  # loads every exercise module (grading/checks/)
+    multi_rank = {name for name, spec in CHECKS.items() if spec.nproc}
+    assert {name for name, spec in CHECKS.items() if spec.observe} == multi_rank >= \
         {"ring_all_reduce", "ddp_buckets", "zero1_step", "tp_f_g", "tp_mlp"}
 
 

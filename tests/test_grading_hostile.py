@@ -2,9 +2,9 @@
 exercise 3 — check-deleting, log-forging, `run_check`-patching, package-editing, neighbour-deleting, an endless
 loop, `os._exit`, five kinds of corrupt file — is graded row by row, only the solved notebook scores 1, the
 package and the other submissions are untouched, every notebook ends within its limit and nothing is left
-running. A ring all-reduce whose body forges the ranks' report (a clean verdict, clean-looking or ill-typed
+running. A ring all-reduce whose body forges the ranks' report (a clean verdict, clean-looking or huge
 observations, then os._exit) fails: the grader verifies observations against values it computes itself, and
-malformed ones fail in one line. Also: the CLI refuses a bad --timeout or --csv before grading, and the
+malformed ones (ill-typed, strings for numbers, nested, huge) fail in one line. Also: the CLI refuses a bad --timeout or --csv before grading, and the
 unsandboxed fallback says so."""
 import copy
 import csv
@@ -25,13 +25,13 @@ import pytest
 from conftest import processes_with
 
 from partrain_edu.cli import main
-from partrain_edu.grading.cli import seconds
-from partrain_edu.grading.core import spec_of
-from partrain_edu.grading.grader import grade_notebook
-from partrain_edu.grading.notebook import NotANotebook, code_cells, exercise_of
+from partrain_edu.grading.checks.ring_all_reduce import RING_LENGTHS, ring_input
+from partrain_edu.grading.headless.cli import seconds
+from partrain_edu.grading.headless.grader import grade_notebook
+from partrain_edu.grading.headless.sandbox import PACKAGE, USER, _unjailed, isolation_for
+from partrain_edu.grading.headless.submissions import NotANotebook, code_cells, exercise_of
 from partrain_edu.grading.observations import verify
-from partrain_edu.grading.rank_inputs import RING_LENGTHS, ring_input
-from partrain_edu.grading.sandbox import PACKAGE, USER, _unjailed, isolation_for
+from partrain_edu.grading.runner import spec_of
 from partrain_edu.parallel.ring import ring_bytes_sent_by
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,14 +57,15 @@ for fd in range(3, 256):  # every channel this process might hold, the grader's 
 # Written to get past the import check (imports.py stops the honest shortcut, not this): the grader's own
 # verdicts are what must hold.
 PATCH_GRADER = """import sys
-grading, core = (sys.modules["partrain_edu" + name] for name in (".grading", ".grading.core"))
-local_checks = sys.modules.get("partrain_edu" + ".grading.local_checks") or grading
-forged = lambda name, *objects, **kw: core.CheckResult(name, True, f"✓ {name} passed")
-core.run_check = grading.run_check = forged
-core.graded = lambda spec, run: core.CheckResult(spec.name, True, f"✓ {spec.name} passed")
-for name, spec in list(core.CHECKS.items()):
-    core.CHECKS[name] = type(spec)(name, spec.nproc, spec.arity, lambda *a: [], spec.summary)
-local_checks.reference_total = lambda *args: 0
+grading, registry, runner = (sys.modules["partrain_edu" + name] for name in (".grading", ".grading.registry",
+                                                                            ".grading.runner"))
+memory = sys.modules.get("partrain_edu" + ".grading.checks.memory_zero_stage") or grading
+forged = lambda name, *objects, **kw: registry.CheckResult(name, True, f"✓ {name} passed")
+runner.run_check = grading.run_check = forged
+runner.graded = lambda spec, run: registry.CheckResult(spec.name, True, f"✓ {spec.name} passed")
+for name, spec in list(registry.CHECKS.items()):
+    registry.CHECKS[name] = type(spec)(name, spec.nproc, spec.arity, lambda *a: [], spec.summary)
+memory.reference_total = lambda *args: 0
 """
 LEFTOVER = f"partrain-hostile-leftover-{os.getpid()}"  # this run's: another make test may run beside it
 LOOP_FOREVER = f"""import subprocess, sys
@@ -74,7 +75,7 @@ while True:
 """
 EDIT_PACKAGE = f"""import os, sys
 package = os.path.dirname(sys.modules["partrain_edu"].__file__)
-for path, text in [(os.path.join(package, "grading", "core.py"), "\\nrun_check = lambda *a, **k: None\\n"),
+for path, text in [(os.path.join(package, "grading", "runner.py"), "\\nrun_check = lambda *a, **k: None\\n"),
                    (os.path.join(package, "tampered_by_submission.py"), "x = 1\\n"),
                    ({str(SITE_PTH)!r}, "import os\\n")]:
     try:
@@ -182,8 +183,8 @@ def test_hostile_folder_is_graded_row_by_row_in_the_sandbox(folder, tmp_path):
     neighbours = {p.name: p.read_bytes() for p in folder.iterdir()}
     # The grader's own files are hashed; the rest of the package only for files the sandbox user created
     # (other people may be editing the rest of a checkout while this runs).
-    core_py = PACKAGE / "grading" / "core.py"
-    grader_before, core_before = tree_hash(PACKAGE / "grading"), core_py.read_bytes()
+    runner_py = PACKAGE / "grading" / "runner.py"
+    grader_before, runner_before = tree_hash(PACKAGE / "grading"), runner_py.read_bytes()
     table = tmp_path / "grades.csv"
     homes = Path(tempfile.mkdtemp(prefix="partrain_hostile_"))  # the sandbox homes of this run only
     homes.chmod(0o711)
@@ -194,8 +195,8 @@ def test_hostile_folder_is_graded_row_by_row_in_the_sandbox(folder, tmp_path):
         grader_after, planted = tree_hash(PACKAGE / "grading"), sandbox_files(PACKAGE)
         planted += [p for p in (PACKAGE / "tampered_by_submission.py", SITE_PTH) if p.exists()]
     finally:  # should the sandbox ever fail, leave the checkout as it was
-        if core_py.read_bytes() != core_before:
-            core_py.write_bytes(core_before)
+        if runner_py.read_bytes() != runner_before:
+            runner_py.write_bytes(runner_before)
         for path in (PACKAGE / "tampered_by_submission.py", SITE_PTH):
             path.unlink(missing_ok=True)
     still = sandbox_processes(homes)
@@ -299,13 +300,6 @@ FORGE_OBSERVATIONS = """def ring_all_reduce(tensor, group=None):
     runtime.publish("observations", json.dumps([runs] * 3))
     os._exit(0)
 """
-FORGE_STRINGS = """def ring_all_reduce(tensor, group=None):
-    import json, os, sys
-    runtime = sys.modules["partrain_edu" + ".runtime"]
-    run = {"out": {"shape": [12], "values": ["1.0"] * 12}, "ops": "none", "sent": "64"}
-    runtime.publish("observations", json.dumps([[run] * 3] * 3))
-    os._exit(0)
-"""
 FORGE_HUGE = """def ring_all_reduce(tensor, group=None):
     import json, os, sys
     runtime = sys.modules["partrain_edu" + ".runtime"]
@@ -317,9 +311,8 @@ FORGE_HUGE = """def ring_all_reduce(tensor, group=None):
 @pytest.mark.parametrize("body, words", [
     (FORGE_VERDICT, "the ranks finished without reporting their observations"),
     (FORGE_OBSERVATIONS, "Element 0 holds the sum of rank(s) [0] (rank(s) [1, 2] never added)"),
-    (FORGE_STRINGS, "holds something that is not a number"),
     (FORGE_HUGE, "the ranks published over 1 MiB of observations"),
-], ids=["verdict", "observations", "strings", "huge"])
+], ids=["verdict", "observations", "huge"])
 def test_a_function_body_that_forges_the_ranks_report_fails(tmp_path, body, words):
     solved = nbformat.read(ROOT / "solutions" / f"{RING}.ipynb", as_version=4)
     path = tmp_path / f"{RING}-forger.ipynb"
@@ -358,6 +351,7 @@ def _spoiled(path: tuple, value) -> str:
     (_spoiled((0, "out", "values"), [math.nan] * 12), "got nan"),
     (_spoiled((0, "out", "values"), [0.5] * 13), "does not hold 12 values"),
     (_spoiled((0, "out", "values"), "twelve"), "does not hold 12 values"),
+    (_spoiled((0, "out", "values"), ["1.0"] * 12), "holds something that is not a number"),  # strings for numbers
     (_spoiled((0, "out", "shape"), [-12]), "has no valid shape"),
     (_spoiled((0, "out", "shape"), [2**20, 2**20]), "over 1048576 values"),
     (_spoiled((0, "out", "values"), [10**400] * 12), "out of range"),

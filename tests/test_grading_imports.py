@@ -8,10 +8,10 @@ import nbformat
 import pytest
 
 from partrain_edu.grading import check_names, run_check
-from partrain_edu.grading.core import Source
-from partrain_edu.grading.grader import grade_notebook
-from partrain_edu.grading.manifest import EXERCISES
-from partrain_edu.grading.sandbox import _unjailed
+from partrain_edu.grading.authoring.manifest import EXERCISES
+from partrain_edu.grading.headless.grader import grade_notebook
+from partrain_edu.grading.headless.sandbox import _unjailed
+from partrain_edu.grading.learner_code import Source
 
 ROOT = Path(__file__).resolve().parents[1]
 # check -> what a learner would reach for instead of writing the answer

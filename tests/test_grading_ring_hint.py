@@ -4,12 +4,11 @@ and a value that is no such sum is said to be none. Two answers are graded on ra
 import torch
 import torch.distributed as dist
 
-from partrain_edu.grading import rank_inputs as inputs
 from partrain_edu.grading import run_check
-from partrain_edu.grading.rank_verify import ring_diagnosis
+from partrain_edu.grading.checks.ring_all_reduce import ring_diagnosis, ring_input
 
 N, NUMEL = 3, 12
-GIVEN = [inputs.ring_input(NUMEL, r) for r in range(N)]  # element i of rank r: 2^r + 8·i
+GIVEN = [ring_input(NUMEL, r) for r in range(N)]  # element i of rank r: 2^r + 8·i
 EXPECTED = torch.stack(GIVEN).sum(0)                      # element i: 7 + 24·i
 
 
@@ -79,7 +78,7 @@ def test_graded_on_ranks_mul_2_is_scaled_and_reduce_scatter_only_is_partial():
 
 
 def test_a_failed_check_shows_whole_words_on_lines_a_cell_can_hold():
-    from partrain_edu.grading.core import WRAP_COLUMNS, CheckFailed
+    from partrain_edu.grading.registry import WRAP_COLUMNS, CheckFailed
 
     long_line = "rank 0 waits in recv while rank 1 waits in recv too: nobody sends — " * 4
     rendered = CheckFailed(f"check 'ring_all_reduce' failed:\n  {long_line.strip()}\n\n  next line")._render_traceback_()

@@ -1,7 +1,7 @@
 """The sandbox shows no reference implementation (issue 30, M1): a submission that reaches for the course's
 own answer — a computed `__import__`, importlib, sys.modules, reading the package's source and exec'ing it,
-exec of a built string, on the kernel or on the ranks, or a check's own reference — scores 0 with a reason,
-and the honest notebooks 1.
+exec of a built string, on the kernel or on the ranks, or a check's own reference — scores 0 with a reason.
+That every honest notebook still scores 1 in the same sandbox is test_exercises' (all 13 solutions).
 The view itself (view.py) keeps the exercises' helpers and drops every answer."""
 import copy
 import json
@@ -13,7 +13,7 @@ import sys
 import nbformat
 import pytest
 
-from partrain_edu.grading import view
+from partrain_edu.grading.headless import view
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 jailed = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="the sandbox needs root")
@@ -88,7 +88,7 @@ def test_the_view_runs_on_its_own(tmp_path):
 
 @jailed
 @pytest.mark.timeout(900)
-def test_hostile_imports_score_0_and_honest_notebooks_1(tmp_path):
+def test_hostile_imports_score_0(tmp_path):
     folder = tmp_path / "submitted"
     folder.mkdir()
     for name, reach in REACH.items():
@@ -100,18 +100,14 @@ def test_hostile_imports_score_0_and_honest_notebooks_1(tmp_path):
                    folder / "grader-13_communication_bounds.ipynb")   # the check's own reference: not there
     nbformat.write(with_body("13_communication_bounds", "max_dp_degree", TOP + PYC),
                    folder / "pyc-13_communication_bounds.ipynb")      # nor its bytecode
-    for exercise in ("01_ring_all_reduce", "03_memory_zero_stage"):
-        shutil.copy(os.path.join(ROOT, "solutions", f"{exercise}.ipynb"), folder / f"honest-{exercise}.ipynb")
     done = subprocess.run([sys.executable, "-m", "partrain_edu", "check", str(folder), "--json", "--timeout", "300"],
                           capture_output=True, text=True, timeout=880)
     report = json.loads(done.stdout)
     assert "implementations" in report["isolation"], report["isolation"]
-    scores = {os.path.basename(nb["path"]).split("-")[0]: nb for nb in report["notebooks"]
-              if not nb["path"].endswith(f"honest-{nb['exercise']}.ipynb")}
+    scores = {os.path.basename(nb["path"]).split("-")[0]: nb for nb in report["notebooks"]}
     for key, error in [("grader", "AttributeError"), ("pyc", "IndexError")]:
         bound = {c["name"]: c for c in scores.pop(key)["checks"]}["max_dp_degree"]
         assert not bound["passed"] and f"raised {error}" in bound["message"], bound
-    honest = [nb["score"] for nb in report["notebooks"] if "honest-" in nb["path"]]
-    assert {k: nb["score"] for k, nb in scores.items()} == {k: 0.0 for k in [*REACH, "ranks"]} and honest == [1.0, 1.0]
+    assert {k: nb["score"] for k, nb in scores.items()} == {k: 0.0 for k in [*REACH, "ranks"]}
     for key, nb in scores.items():
         assert "raised" in nb["checks"][0]["message"], (key, nb["checks"][0]["message"])

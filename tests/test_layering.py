@@ -81,6 +81,38 @@ def test_harness_layers_point_one_way():
     assert imports_any(PACKAGE / "config.py", ("partrain_edu.train", "partrain_edu.cli", "partrain_edu.strategies")) == []
 
 
+def grading_imports() -> dict[str, set[str]]:
+    """{module of partrain_edu.grading: the grading modules it imports, at the top or lazily}; the checks package
+    imports each of its modules (checks.load_all)."""
+    files = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in (PACKAGE / "grading").rglob("*.py")}
+    graph = {m: {n for n in imported_modules(p) if n in files and n != m} for m, p in files.items()}
+    graph["partrain_edu.grading.checks"] |= {m for m in files if m.count(".") == 3 and ".checks." in m}
+    return graph
+
+
+def reached(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module `start` imports, directly or through others."""
+    seen, todo = set(), list(graph[start])
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo += graph[module]
+    return seen
+
+
+def test_grading_has_no_import_cycle_and_the_learner_path_no_headless_grader():
+    graph = grading_imports()
+    assert sorted(m for m in graph if m in reached(graph, m)) == []
+    assert {m for m, imported in graph.items() if "partrain_edu.grading.checks" in imported} == \
+        {"partrain_edu.grading.runner"}                      # the one module that loads the checks
+    learner = {"partrain_edu.grading", "partrain_edu.grading.rank_main"}   # check(), and what its ranks run
+    learner |= {m for start in learner for m in reached(graph, start)}
+    assert "partrain_edu.grading.checks.ring_all_reduce" in learner
+    assert sorted(m for m in learner if ".headless" in m or ".authoring" in m) == []
+
+
 def test_the_command_line_parser_does_not_load_torch():
     assert fresh_import(["partrain_edu.cli"], ("torch",)) == {"partrain_edu.cli": []}
 

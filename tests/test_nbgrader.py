@@ -16,8 +16,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from partrain_edu.grading.make_exercises import BEGIN, END, generate, nbgrader_metadata
-from partrain_edu.grading.nbgrader_config import lay_out
+from partrain_edu.grading.authoring.make_exercises import BEGIN, END, generate, nbgrader_metadata
+from partrain_edu.grading.authoring.nbgrader_config import lay_out
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -107,7 +107,8 @@ def test_generate_assignment_releases_exactly_the_exercise(graded, exercise):
     course, _, _ = graded
     released = (course / "release" / exercise / f"{exercise}.ipynb").read_text()
     assert released == (ROOT / "exercises" / f"{exercise}.ipynb").read_text(), \
-        "nbgrader releases another notebook than exercises/ holds: run python -m partrain_edu.grading.make_exercises"
+        "nbgrader releases another notebook than exercises/ holds: " \
+        "run python -m partrain_edu.grading.authoring.make_exercises"
 
 
 def test_autograde_scores_each_check_as_partrain_edu_check_does(graded):

@@ -8,8 +8,11 @@ It prints one line on a pass and raises AssertionError on a failure (so nbval an
 rank, what differed (expected vs got, shapes) and a hint. Multi-rank checks run the learner's function source
 on N ranks through `launcher.oneshot.torchrun` with a timeout (a deadlock ends in a message, never a hang);
 the ranks only report what came out, and the caller judges it against values it computes itself.
-`partrain-edu check PATH` grades whole notebooks, untrusted ones in a sandbox (see `grader.py`).
+Where: exercise NN_<name>'s check is checks/<name>.py (07's: placement_3d), registered in registry.py, run by
+runner.py (on ranks: on_ranks.py, rank_main.py). `partrain-edu check PATH` grades whole notebooks headlessly,
+untrusted ones in a sandbox (headless/); exercises/ and the grader's manifest come from solutions/ (authoring/).
 """
-from partrain_edu.grading.core import CHECKS, CheckResult, check, check_names, run_check
+from partrain_edu.grading.registry import CHECKS, CheckResult
+from partrain_edu.grading.runner import check, check_names, run_check
 
 __all__ = ["CHECKS", "CheckResult", "check", "check_names", "run_check"]

@@ -9,7 +9,8 @@ places apply it:
 - `refusal_of(fn)`: also the globals a live function reads (a name imported in another cell).
 Each returns one line for the learner — what was used, where, and what is allowed — or None. This is the
 first, friendly refusal of the honest shortcut; code written to dodge it (a computed name) finds, in the
-grader's sandbox, no answer to import: the package's view there (view.py) holds only the helpers above.
+grader's sandbox, no answer to import: the package's view there (headless/view.py) holds only the helpers above.
+`course_imports(objects)` applies both to the objects a check is given.
 """
 from __future__ import annotations
 
@@ -17,13 +18,16 @@ import ast
 import types
 from typing import Any
 
+from partrain_edu.grading.learner_code import Source, source_of
+from partrain_edu.grading.registry import LearnerError
+
 PACKAGE = "partrain_edu"
 # module -> names an exercise may import from it ("*": the whole module; none of these solves an exercise)
 ALLOWED: dict[str, set[str]] = {
     "partrain_edu.grading": {"check"},
-    "partrain_edu.grading.givens": {"*"},           # what exercises hand out (givens.py)
-    "partrain_edu.grading.local_checks": {"as_schedule"},
+    "partrain_edu.grading.givens": {"*"},           # what exercises hand out (givens/)
     "partrain_edu.parallel.ring": {"chunk_bounds"},
+    "partrain_edu.parallel.saved_bytes": {"SavedBytes"},  # exercise 10's meter (a given): measures, decides nothing
     "partrain_edu.parallel.buckets": {"plan_buckets"},  # exercise 2 shows the plan; the hooks are the answer
     "partrain_edu.theory.schedules": {"simulate", "Action", "Schedule"},
     "partrain_edu.units": {"*"},
@@ -116,4 +120,24 @@ def refusal_of(fn: Any, where: str, _seen: set | None = None) -> str | None:
             found = refusal_of(value, f"{where} (through {name})", seen)
             if found:
                 return found
+    return None
+
+
+def course_imports(objects: tuple) -> str | None:
+    """Why the learner's functions `objects` may not be graded because they are or use the course's own
+    implementation, or None."""
+    for obj in objects:
+        name = getattr(obj, "name", None) or getattr(obj, "__name__", "your function")
+        if isinstance(obj, Source):
+            found = refusal(obj.text, name)
+        elif not allowed(getattr(obj, "__module__", None) or "", name):
+            found = f"{name} is the course's own ({obj.__module__}.{name}): {allowed_text()}"
+        else:
+            try:
+                found = refusal(source_of(obj).text, name)
+            except LearnerError:
+                found = None  # no source (a lambda): said by the check itself where it needs one
+            found = found or refusal_of(obj, name)
+        if found:
+            return found
     return None

@@ -1,11 +1,12 @@
-"""Reading the ranks' observations as untrusted data, in the trusted caller (never on the ranks).
+"""The observations a multi-rank check's ranks publish: written on the ranks, read in the trusted caller.
 
-The ranks run the learner's code, so what they publish may be anything: not JSON, the wrong shape, strings for
-numbers, huge lists, NaN. `verify(spec, text)` decodes the text with `json.loads` only (nothing the ranks made
-is ever unpickled or evaluated), hands each rank's part to the check's verify function, and words the verdict
-as before: the first failing rank's problems, naming the other ranks that failed too. The verify functions
-read their rank's part through `Reader`, whose every accessor checks type, length and size and raises
-`Malformed` — which becomes a one-line problem, never a traceback.
+On the ranks, the observe half writes plain JSON data: `tensor(t)` for a tensor, `traffic(tracer)` for the
+collectives a CommTracer saw. The ranks run the learner's code, so what they publish may be anything: not
+JSON, the wrong shape, strings for numbers, huge lists, NaN. `verify(spec, text)` decodes the text with
+`json.loads` only (nothing the ranks made is ever unpickled or evaluated), hands each rank's part to the check's
+verify half, and words the verdict: the first failing rank's problems, naming the other ranks that failed too.
+The verify halves read their rank's part through `Reader`, whose every accessor checks type, length and size and
+raises `Malformed` — which becomes a one-line problem, never a traceback.
 """
 from __future__ import annotations
 
@@ -19,6 +20,34 @@ from partrain_edu.grading.compare import NotATensor
 
 MAX_TEXT_CHARS = 2**20  # the real observations are a few tens of kB
 MAX_DIMS, MAX_NUMEL = 8, 2**20
+MAX_VALUES = 4096  # the checks' tensors hold at most 256 values; a bigger one is reported by its shape alone
+
+
+def tensor(value: Any) -> dict:
+    """{"shape", "values"} for a tensor (values as floats), {"shape"} for a huge one, {"type"} for anything else."""
+    if not isinstance(value, torch.Tensor):
+        return {"type": type(value).__name__}
+    if value.is_complex():
+        return {"type": f"a complex tensor ({value.dtype})"}
+    shape = list(value.shape)
+    if value.numel() > MAX_VALUES:
+        return {"shape": shape}
+    return {"shape": shape, "values": value.detach().to("cpu", torch.float64).reshape(-1).tolist()}
+
+
+def traffic(tracer) -> dict:
+    """A CommTracer's calls: {"ops": {op: calls}, "sent": bytes sent under the ring model, "bytes": {op: payload
+    bytes}, "peers": {op: [global ranks it talked to (p2p) or rooted at, sorted]}}."""
+    ops: dict[str, int] = {}
+    payload: dict[str, int] = {}
+    peers: dict[str, set] = {}
+    for r in tracer.records:
+        ops[r.op] = ops.get(r.op, 0) + 1
+        payload[r.op] = payload.get(r.op, 0) + r.bytes
+        if r.peer is not None:
+            peers.setdefault(r.op, set()).add(r.peer)
+    return {"ops": ops, "sent": sum(r.sent for r in tracer.records), "bytes": payload,
+            "peers": {op: sorted(ranks) for op, ranks in peers.items()}}
 
 
 class Malformed(Exception):
@@ -45,6 +74,28 @@ class Reader:
         if not isinstance(self.value, list) or len(self.value) != length:
             raise Malformed(f"{self.where} is not a list of {length} items")
         return [self[i] for i in range(length)]
+
+    def entries(self, most: int, what: str = "items") -> list["Reader"]:
+        """The readers of a list of at most `most` items (`what` names them in the error)."""
+        if not isinstance(self.value, list) or len(self.value) > most:
+            raise Malformed(f"{self.where} is not a list of at most {most} {what}")
+        return [self[i] for i in range(len(self.value))]
+
+    def records(self, fields: tuple[str, ...], most: int = 1000, what: str = "records") -> list[tuple]:
+        """A list of at most `most` records, each a list of one value per field of `fields` ("name": a string
+        of at most 80 characters; "count": a whole number ≥ 0; "peer": a rank or None), as tuples."""
+        out = []
+        for record in self.entries(most, what):
+            row = []
+            for kind, value in zip(fields, record.items(len(fields))):
+                if kind != "name":
+                    row.append(None if kind == "peer" and value.value is None else value.count())
+                elif isinstance(value.value, str) and len(value.value) <= 80:
+                    row.append(value.value)
+                else:
+                    raise Malformed(f"{value.where} is not a name of at most 80 characters")
+            out.append(tuple(row))
+        return out
 
     def count(self) -> int:
         """A whole number ≥ 0 (not a bool, not a float)."""
@@ -84,7 +135,7 @@ class Reader:
         return out
 
     def tensor(self) -> torch.Tensor | NotATensor:
-        """The tensor written by rank_observe.tensor, or a NotATensor saying what was there instead."""
+        """The tensor written by `tensor`, or a NotATensor saying what was there instead."""
         v = self.value
         if not isinstance(v, dict):
             raise Malformed(f"{self.where} is not a tensor record")
@@ -99,7 +150,7 @@ class Reader:
         numel = math.prod(shape)
         if numel > MAX_NUMEL:
             raise Malformed(f"{self.where} has a shape of over {MAX_NUMEL} values")
-        if "values" not in v:  # the observer leaves out a huge tensor's values: its shape is wrong anyway
+        if "values" not in v:  # the observe half leaves out a huge tensor's values: its shape is wrong anyway
             return NotATensor(f"a tensor of shape {tuple(shape)} (too large to report its values)")
         values = v["values"]
         if not isinstance(values, list) or len(values) != numel:
@@ -142,7 +193,7 @@ def verify(spec, text: Any) -> list[str]:
     report = {}
     for rank, reader in enumerate(ranks):
         try:
-            report[rank] = spec.fn(rank, spec.nproc, reader)
+            report[rank] = spec.verify(rank, spec.nproc, reader)
         except Malformed as err:
             report[rank] = [f"malformed observations ({err}): did your code change what the check records?"]
         except Exception as err:  # data no accessor foresaw: still one line, never the grader's traceback

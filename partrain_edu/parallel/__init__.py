@@ -20,6 +20,7 @@ explicitly (`ctx.group("tp")` from `runtime.init(dp=…, tp=…, pp=…)`); `gro
 | tp_comm    | Megatron's f and g, and the sequence pair             | — / all-reduce, gather, RS           |
 | tensor     | parallelize(module, plan, region), check_plan         | weight matrices / 4 all-reduces      |
 | sequence   | SequenceParallelRegion, layer_activation_bytes        | + activations / the same bytes       |
+| saved_bytes | SavedBytes: activation bytes autograd saves (live, peak, kept) | — / nothing (a meter)      |
 | torch_tp   | dtensor_plan (our plan in DTensor's styles)           | as tensor, by DTensor                |
 | pp_comm    | Mailbox, Boundary, agree_on_shapes                    | — / activations, gradients (p2p)     |
 | pipeline   | PipelineExecutor, Stage, split_layers                 | layers / one schedule's messages     |
@@ -37,8 +38,8 @@ import importlib
 
 # Submodules, imported on use: `import partrain_edu.parallel` stays free of torch.
 __all__ = ["buckets", "clipping", "context", "ddp", "flat_shard", "fsdp", "fsdp_layout", "fsdp_state", "fsdp_unit",
-           "hybrid", "mixed_precision", "moe", "moe_routing", "pipeline", "pp_comm", "ring", "sequence", "tensor",
-           "torch_tp", "tp_comm", "zero", "zero_bubble", "zero_state"]
+           "hybrid", "mixed_precision", "moe", "moe_routing", "pipeline", "pp_comm", "ring", "saved_bytes", "sequence",
+           "tensor", "torch_tp", "tp_comm", "zero", "zero_bubble", "zero_state"]
 # The names a PyTorch user imports from the package, and the submodule each lives in (loaded on first use).
 EXPORTS = {"DistributedDataParallel": "ddp", "ZeroOptimizer": "zero", "FullyShardedDataParallel": "fsdp",
            "MixedPrecision": "mixed_precision", "parallelize": "tensor", "TensorParallelRegion": "tensor",

@@ -20,7 +20,7 @@ parallelism becomes sbh(34/t + 5as/(ht)) — the 10sbh replicated part shrinks t
 inputs of the QKV and first MLP matmuls (the rest: 4sbh LayerNorm inputs, 2sbh dropout masks; §4.2.2); to keep
 only their (B, T/t, H) shard, the paper stores the shard and all-gathers it again in backward. We do that with autograd's saved-tensor hooks (`pack`/`unpack` below), so the
 model code is unchanged; `SequenceParallelRegion(group, regather=False)` keeps the whole input, to compare.
-`SavedBytes` measures what a layer keeps; notebook 05 and the tests compare it with the formula.
+`SavedBytes` (saved_bytes.py) measures what a layer keeps; notebook 05 and the tests compare it with the formula.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ import weakref
 import torch
 import torch.nn as nn
 
+from partrain_edu.parallel.saved_bytes import SavedBytes
 from partrain_edu.parallel.tensor import TensorParallelRegion
 from partrain_edu.parallel.tp_comm import (all_gather_sequence, all_reduce_, gather_from_sequence,
                                            reduce_scatter_to_sequence)
@@ -106,26 +107,6 @@ class SequenceShardedPositions(nn.Embedding):
 
     def forward(self, pos: torch.Tensor) -> torch.Tensor:  # (T,) → (T/t, H)
         return super().forward(pos.chunk(self.region.size)[self.region.rank])
-
-
-class SavedBytes:
-    """Bytes autograd keeps for backward (activations): each storage once, parameters left out. Use as
-    `with region.saving(meter): out = layer(x)`. `kept` maps each storage to (shape, bytes)."""
-
-    def __init__(self, model: nn.Module):
-        self._params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        self.kept: dict[int, tuple[tuple[int, ...], int]] = {}
-
-    def keep(self, kept):
-        t = kept if isinstance(kept, torch.Tensor) else kept[0].shard  # a re-gather token keeps its shard
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in self._params:
-            self.kept[storage.data_ptr()] = (tuple(t.shape), storage.nbytes())
-        return kept
-
-    @property
-    def total(self) -> int:
-        return sum(nbytes for _, nbytes in self.kept.values())
 
 
 def layer_activation_bytes(block: nn.Module, x: torch.Tensor, region: TensorParallelRegion) -> SavedBytes:

@@ -1,8 +1,9 @@
-"""The exercise checks added after the first seven, one module per exercise: its fixed inputs (made from seeds),
-the observe half that runs on the ranks beside the learner's functions (`@rank_observe.observer(name)`), and
-the trusted verify half that judges those observations against values it recomputes itself
-(`@core.register(name, nproc=N)`) — or, for an in-process check, only the latter. `load_all()` imports them;
-the registry, the grader and the ranks find them by name.
+"""The exercise checks, one module per exercise, named after its notebook: exercises/NN_<name>.ipynb is graded by
+checks/<name>.py (exercise 07's, 3d_parallel, by placement_3d.py; exercise 09's is a package, observe | verify).
+Each holds the exercise's fixed inputs (made from seeds, so the ranks and the trusted verifier build the same
+tensors), the observe half that runs on the ranks beside the learner's functions, and the trusted verify half
+that judges those observations against values it recomputes itself — or, for an in-process check, only the
+latter — and registers each check once (registry.register). `load_all()` imports them; only runner.py calls it.
 """
 from __future__ import annotations
 

@@ -22,12 +22,11 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from partrain_edu.grading import rank_inputs as inputs
+from partrain_edu.grading.checks.tensor_parallel import loss_weights   # L = Σ Y·w, as in exercise 05
 from partrain_edu.grading.compare import differ
-from partrain_edu.grading.core import register
 from partrain_edu.grading.givens.activation_checkpointing import SavedBytes, forward_flops
-from partrain_edu.grading.observations import Reader
-from partrain_edu.grading.rank_observe import observer, tensor
+from partrain_edu.grading.observations import Reader, tensor
+from partrain_edu.grading.registry import register
 
 ROWS = 4                                   # a batch of 4 rows; float32, so an activation of width d is 16·d bytes
 WIDTHS = (4, 4, 8, 4, 16, 4, 8)            # d_0 .. d_6: block i maps d_i → d_i+1
@@ -66,7 +65,6 @@ def _count(module: nn.Module, args: tuple, now: list, i: int) -> None:
     now[0][i] += 1
 
 
-@observer("activation_checkpointing", SavedBytes=SavedBytes, forward_flops=forward_flops, checkpoint=checkpoint)
 def observe(ctx, forward_under_budget) -> list[dict]:
     runs = []
     for budget in BUDGETS:
@@ -83,7 +81,7 @@ def observe(ctx, forward_under_budget) -> list[dict]:
         x.grad = None
         now[0] = calls["backward"]
         if isinstance(y, torch.Tensor) and y.requires_grad and y.shape == (ROWS, WIDTHS[-1]):
-            (y * inputs.loss_weights(y)).sum().backward()
+            (y * loss_weights(y)).sum().backward()
         runs.append({"out": tensor(y), "saved_bytes": held, "forward_calls": calls["forward"],
                      "recomputed": calls["backward"], "grads": [tensor(g) for _, g in gradients(x, blocks)]})
     return runs
@@ -156,7 +154,9 @@ def cheapest(budget: int) -> tuple[int, tuple]:
                for plan, b in held.items() if b <= budget)[::2]
 
 
-@register("activation_checkpointing", nproc=1, summary="for budgets of 2450, 3000 and 4500 bytes the output and "
+@register("activation_checkpointing", nproc=1, observe=observe,
+          given={"SavedBytes": SavedBytes, "forward_flops": forward_flops, "checkpoint": checkpoint},
+          summary="for budgets of 2450, 3000 and 4500 bytes the output and "
           "every gradient equal the plain model's, the saved activations fit each budget, and the FLOPs "
           "recomputed in backward are the least of every plan that fits (Chen et al. 2016)")
 def verify(me: int, n: int, observed: Reader) -> list[str]:
@@ -164,7 +164,7 @@ def verify(me: int, n: int, observed: Reader) -> list[str]:
     x.requires_grad_()
     with torch.enable_grad():
         y_plain = nn.Sequential(*blocks)(x)
-        (y_plain * inputs.loss_weights(y_plain)).sum().backward()
+        (y_plain * loss_weights(y_plain)).sum().backward()
     flops, held = measured()
     plain_bytes = held[((0, len(blocks), False),)]
     for budget, run in zip(BUDGETS, observed.items(len(BUDGETS))):

@@ -19,7 +19,7 @@ import math
 import numbers
 from fractions import Fraction
 
-from partrain_edu.grading.core import register
+from partrain_edu.grading.registry import register
 from partrain_edu.theory.hardware import DEVICES
 from partrain_edu.theory.memory import gpt_param_count
 

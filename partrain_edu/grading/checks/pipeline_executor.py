@@ -5,14 +5,13 @@ equal one process running the whole 4-stage model on all micro-batches, loss_i =
 only between neighbours, one activation forward and one gradient backward per micro-batch and boundary (a
 middle stage sends 2m and receives 2m); the order the messages show is 1F1B's (p − s − 1 warm-up forwards,
 then one forward / one backward, then the cool-down backwards); and the activations autograd keeps alive,
-measured with saved-tensor hooks as bytes of distinct saved tensors (weights left out), never exceed the
+measured as bytes of distinct saved tensors (weights left out, parallel.saved_bytes), never exceed the
 bound 1F1B guarantees: min(p − s, m) micro-batches on stage s, where GPipe's order keeps all m.
 PipeDream-Flush / 1F1B: Narayanan et al. 2021 §2.2.1; GPipe: Huang et al. 2019.
 """
 from __future__ import annotations
 
 import contextlib
-import weakref
 
 import torch
 import torch.nn as nn
@@ -20,10 +19,10 @@ import torch.nn.functional as F
 
 from partrain_edu.comm import CommTracer
 from partrain_edu.grading.compare import differ
-from partrain_edu.grading.core import register
 from partrain_edu.grading.givens import pipeline_executor as p2p
-from partrain_edu.grading.observations import Malformed, Reader
-from partrain_edu.grading.rank_observe import observer, tensor
+from partrain_edu.grading.observations import Reader, tensor
+from partrain_edu.grading.registry import register
+from partrain_edu.parallel.saved_bytes import SavedBytes
 
 STAGES, MICROBATCHES, BATCH, HIDDEN = 4, 6, 2, 8   # p, m, rows per micro-batch, width of every layer
 MESSAGE_BYTES = BATCH * HIDDEN * 4                  # one activation, or its gradient, in float32
@@ -45,60 +44,14 @@ def batch() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
                 [torch.rand(BATCH, HIDDEN) * 2 - 1 for _ in range(MICROBATCHES)])
 
 
-class SavedActivations:
-    """Saved-tensor hooks that count the bytes of the distinct tensors autograd keeps for a backward, and the
-    peak: a tensor counts from its forward until autograd frees it (after its backward). Parameters are left
-    out: they are there whatever the schedule."""
-
-    def __init__(self, params):
-        self.skip = {p.untyped_storage().data_ptr() for p in params}
-        self.held: dict[int, list[int]] = {}   # storage address -> [packed copies alive, bytes]
-        self.bytes = self.peak = 0
-
-    def pack(self, t: torch.Tensor):
-        key = t.untyped_storage().data_ptr()
-        if key in self.skip:
-            return t
-        entry = self.held.setdefault(key, [0, t.untyped_storage().nbytes()])
-        if entry[0] == 0:
-            self.bytes += entry[1]
-            self.peak = max(self.peak, self.bytes)
-        entry[0] += 1
-        box = _Box(t)
-        weakref.finalize(box, self._free, key)
-        return box
-
-    def _free(self, key: int) -> None:
-        entry = self.held[key]
-        entry[0] -= 1
-        if entry[0] == 0:
-            self.bytes -= entry[1]
-            del self.held[key]
-
-    @staticmethod
-    def unpack(packed):
-        return packed.t if isinstance(packed, _Box) else packed
-
-    def hooks(self):
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
-
-
-class _Box:
-    __slots__ = ("t", "__weakref__")
-
-    def __init__(self, t: torch.Tensor):
-        self.t = t
-
-
-@observer("pipeline_executor", **{name: getattr(p2p, name) for name in p2p.__all__})
 def observe(ctx, one_f_one_b_step) -> dict:
     # torch imports this (and sympy) at a process's first backward given a gradient: seconds, which every
     # stage would otherwise spend in turn while its neighbours wait, inside the step.
     import torch.fx.experimental.symbolic_shapes  # noqa: F401
     module = stage_module(ctx.rank)
     inputs, targets = batch()
-    counter = SavedActivations(module.parameters())
-    with CommTracer() as tracer, counter.hooks():
+    counter = SavedBytes(module)
+    with CommTracer() as tracer, counter:
         losses = one_f_one_b_step(module, ctx.rank, ctx.world_size, inputs, targets, F.mse_loss)
     try:
         losses = torch.stack([torch.as_tensor(v, dtype=torch.float32).detach().reshape(()) for v in losses])
@@ -117,11 +70,11 @@ def contributions(stage: int) -> tuple[list[list[torch.Tensor]], torch.Tensor, i
     per_mb, losses, saved = [], [], 0
     with torch.enable_grad():  # the learner's kernel may have turned autograd off
         for x, y in zip(inputs, targets):
-            counter = SavedActivations(params)
+            counter = SavedBytes(params)
             for s, layer in enumerate(modules):
                 if s == stage:  # cut the graph here, as the stage does with what it receives
                     x = x.detach().requires_grad_(stage > 0)
-                with counter.hooks() if s == stage else contextlib.nullcontext():
+                with counter if s == stage else contextlib.nullcontext():
                     x = layer(x)
                     if s == STAGES - 1:
                         x = F.mse_loss(x, y) / MICROBATCHES  # the last stage's output is the loss
@@ -161,20 +114,8 @@ def explain(per_mb: list[torch.Tensor], got) -> str:
     return f" Each micro-batch's gradient counts {k} times; each should count once."
 
 
-def read_messages(observed: Reader) -> list[tuple[str, int | None, int]]:
-    """The (op, peer, bytes) of every traced call, in call order, read as untrusted data."""
-    if not isinstance(observed.value, list) or len(observed.value) > 1000:
-        raise Malformed(f"{observed.where} is not a list of at most 1000 messages")
-    trace = []
-    for record in observed.items(len(observed.value)):
-        op, peer, size = record.items(3)
-        if not isinstance(op.value, str) or len(op.value) > 64:
-            raise Malformed(f"{op.where} is not an op name")
-        trace.append((op.value, None if peer.value is None else peer.count(), size.count()))
-    return trace
-
-
-@register("pipeline_executor", nproc=STAGES, summary="one 1F1B step on 4 stages × 6 micro-batches: every "
+@register("pipeline_executor", nproc=STAGES, observe=observe, given={name: getattr(p2p, name) for name in p2p.__all__},
+          summary="one 1F1B step on 4 stages × 6 micro-batches: every "
           "stage's gradients (and the losses) equal one process running the whole model; messages only between "
           "neighbours, 2m sent and 2m received by a middle stage, in 1F1B's order; stage s kept at most "
           "min(p − s, m) micro-batches of activations alive (GPipe: all m)",
@@ -201,7 +142,7 @@ def verify(me: int, n: int, observed: Reader) -> list[str]:
                                      " Hint: run each stashed (input, output) pair's backward with the gradient "
                                      "received for that micro-batch, in the order the micro-batches went forward")]
 
-    trace = read_messages(observed["messages"])
+    trace = observed["messages"].records(("name", "peer", "count"), what="messages")   # (op, peer, bytes)
     other = sorted({op for op, _, _ in trace if op not in SENDS + RECEIVES})
     if other:
         return [f"{where} called {other}: a pipeline stage only sends to and receives from its neighbours"]

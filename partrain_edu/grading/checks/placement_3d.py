@@ -19,9 +19,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from partrain_edu.grading.core import register
-from partrain_edu.grading.observations import Malformed, Reader
-from partrain_edu.grading.rank_observe import observer
+from partrain_edu.grading.observations import Reader
+from partrain_edu.grading.registry import register
 
 DIMS = ("tp", "dp", "pp")  # innermost first: the order every rank creates and all-reduces its groups in
 
@@ -88,7 +87,6 @@ NPROC = 8
 GRIDS = [(2, 2, 2), (2, 1, 4)]  # (dp, tp, pp): all three dimensions; then unequal sizes, so none is mistaken
 
 
-@observer("build_groups", init_device_mesh=init_device_mesh)
 def observe(ctx, build_groups) -> list[dict]:
     """Per grid: for each of tp, dp, pp, the ranks the returned group claims and the sum of 2^rank over it."""
     runs = []
@@ -108,12 +106,6 @@ def observe(ctx, build_groups) -> list[dict]:
             seen[dim] = {"ranks": dist.get_process_group_ranks(group), "sum": int(bits.item())}
         runs.append({"returned": "dict", "keys": sorted(map(str, groups))[:8], "groups": seen})
     return runs
-
-
-def _list(reader: Reader, limit: int) -> list:
-    if not isinstance(reader.value, list) or len(reader.value) > limit:
-        raise Malformed(f"{reader.where} is not a list of at most {limit} items")
-    return reader.value
 
 
 def _members(bits: int) -> str:
@@ -148,7 +140,8 @@ def group_problem(dim: str, me: int, dp: int, tp: int, pp: int, seen: Reader) ->
     return message
 
 
-@register("build_groups", nproc=NPROC, summary="on 8 ranks, for dp 2 × tp 2 × pp 2 and dp 2 × tp 1 × pp 4, "
+@register("build_groups", nproc=NPROC, observe=observe, given={"init_device_mesh": init_device_mesh},
+          summary="on 8 ranks, for dp 2 × tp 2 × pp 2 and dp 2 × tp 1 × pp 4, "
           "every rank's tp, dp and pp groups hold exactly Megatron-Core's members, proven by an all-reduce of "
           "2^rank over each group",
           deadlock_hint="Likely: the ranks did not create the same groups in the same order. dist.new_group is "
@@ -161,7 +154,7 @@ def build_groups_check(me: int, n: int, observed: Reader) -> list[str]:
         if returned != "dict":
             return [f"dp={dp}, tp={tp}, pp={pp}: build_groups returned a {returned}; expected a dict "
                     "{'tp': group, 'dp': group, 'pp': group} of this rank's three ProcessGroups"]
-        keys = [str(k.value)[:20] for k in run["keys"].items(len(_list(run["keys"], 8)))]
+        keys = [str(k.value)[:20] for k in run["keys"].entries(8)]
         if sorted(keys) != sorted(DIMS):
             return [f"dp={dp}, tp={tp}, pp={pp}: build_groups returned the keys {keys}; expected exactly "
                     "'tp', 'dp', 'pp'"]

@@ -19,10 +19,9 @@ import torch
 
 from partrain_edu.comm import CommTracer
 from partrain_edu.grading.compare import differ
-from partrain_edu.grading.core import register
 from partrain_edu.grading.givens.ring_attention import pass_to_next
-from partrain_edu.grading.observations import Reader
-from partrain_edu.grading.rank_observe import observer, tensor, traffic
+from partrain_edu.grading.observations import Reader, tensor, traffic
+from partrain_edu.grading.registry import register
 
 NPROC, HEADS, SEQ, DIM = 3, 2, 12, 4
 ROWS = SEQ // NPROC                       # positions per rank
@@ -49,7 +48,6 @@ def loss_weights() -> torch.Tensor:
     return torch.arange(HEADS * SEQ * DIM, dtype=torch.float32).reshape(HEADS, SEQ, DIM).sin()
 
 
-@observer("ring_attention", pass_to_next=pass_to_next)
 def observe(ctx, ring_attention) -> list[dict]:
     runs = []
     for causal in MODES:
@@ -183,7 +181,8 @@ GRAD_HINTS = ("dQ flows through your own forward ops: build the output with torc
               "backward — pass V with it, not with a bare isend/irecv or all_gather")
 
 
-@register("ring_attention", nproc=NPROC, summary=f"output, dQ, dK and dV equal full softmax attention on "
+@register("ring_attention", nproc=NPROC, observe=observe, given={"pass_to_next": pass_to_next},
+          summary=f"output, dQ, dK and dV equal full softmax attention on "
           f"{NPROC} ranks ({SEQ} positions, {HEADS} heads), non-causal and causal, and each rank sent its K and V "
           f"blocks n−1 times to one ring neighbour only — (n−1)/n of K and V, {(NPROC - 1) * 2 * BLOCK_BYTES} B — "
           "and the same bytes of dK, dV back",

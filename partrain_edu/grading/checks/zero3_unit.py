@@ -23,10 +23,9 @@ import torch.nn.functional as F
 
 from partrain_edu.comm import CommTracer
 from partrain_edu.grading.compare import differ, ratio_of
-from partrain_edu.grading.core import register
 from partrain_edu.grading.givens.zero3_unit import gather, views
-from partrain_edu.grading.observations import Malformed, Reader
-from partrain_edu.grading.rank_observe import observer, tensor, traffic
+from partrain_edu.grading.observations import Reader, tensor, traffic
+from partrain_edu.grading.registry import register
 
 D, C, UNITS, BATCH, STEPS, LR = 16, 3, 3, 4, 3, 0.2
 NAMES = ("root", *(f"unit {k}" for k in range(UNITS)))   # the order of the shards in the observations
@@ -111,7 +110,6 @@ def _loss(value) -> dict:
     return tensor(torch.tensor(float(value)) if isinstance(value, (int, float)) else value)
 
 
-@observer("zero3_unit", gather=tracked_gather, views=views)
 def observe(ctx, fsdp_step) -> list[dict]:
     n, me = ctx.world_size, ctx.rank
     # this rank's 1/n of each flat tensor, a leaf that requires grad: FSDP's sharded FlatParameter
@@ -178,24 +176,10 @@ def _values(me: int, n: int, step: int, seen: Reader, net: nn.Sequential) -> lis
     return []
 
 
-def _calls(seen: Reader) -> list[tuple[str, int]]:
-    """(op, payload bytes) of every traced call, read as untrusted data."""
-    calls = seen["calls"]
-    if not isinstance(calls.value, list) or len(calls.value) > 1000:
-        raise Malformed(f"{calls.where} is not a list of at most 1000 calls")
-    out = []
-    for call in calls.items(len(calls.value)):
-        op, size = call.items(2)
-        if not isinstance(op.value, str) or len(op.value) > 64:
-            raise Malformed(f"{op.where} is not an op name")
-        out.append((op.value, size.count()))
-    return out
-
-
 def _traffic(step: int, seen: Reader, n: int, size: dict[str, int]) -> list[str]:
     """Kinds, calls and bytes sent of one step against FSDP's: each unit gathered twice, reduce-scattered once."""
     s_root, s_unit = size["root"], size["unit 0"]
-    calls = _calls(seen)
+    calls = seen["calls"].records(("name", "count"), what="calls")   # (op, payload bytes) of every traced call
     ring = {"all_reduce": 2, **{op: 1 for op in GATHERS + REDUCE_SCATTERS}}
     unit_sent = sum(-(-ring.get(op, 0) * (n - 1) * b // n) for op, b in calls if b == s_unit)
     ddp = 2 * (n - 1) * s_unit * UNITS // n
@@ -238,24 +222,14 @@ def _traffic(step: int, seen: Reader, n: int, size: dict[str, int]) -> list[str]
 
 
 def _alive(reader: Reader) -> list[tuple[str, int, str]]:
-    if not isinstance(reader.value, list) or len(reader.value) > 1000:
-        raise Malformed(f"{reader.where} is not a list of at most 1000 buffers")
-    out = []
-    for entry in reader.items(len(reader.value)):
-        name, size, phase = entry.items(3)
-        if not all(isinstance(v.value, str) and len(v.value) <= 80 for v in (name, phase)):
-            raise Malformed(f"{entry.where} is not [name, bytes, phase]")
-        out.append((name.value, size.count(), phase.value))
-    return out
+    """(name, bytes, "forward"/"backward") of each gathered buffer alive, read as untrusted data."""
+    return reader.records(("name", "count", "name"), what="buffers")
 
 
 def _memory(step: int, seen: Reader, size: dict[str, int]) -> list[str]:
     """The gathered full parameters alive at once against root + one unit, and none left after the step."""
     bound, at = size["root"] + size["unit 0"], f"step {step + 1}"
-    events = seen["gathers"]
-    if not isinstance(events.value, list) or len(events.value) > 1000:
-        raise Malformed(f"{events.where} is not a list of at most 1000 gathers")
-    events = events.items(len(events.value))
+    events = seen["gathers"].entries(1000, "gathers")
     regathered = any(e["backward"].value is True for e in events)
     peak, at_peak = max(((sum(b for _, b, _ in _alive(e["alive"])), e) for e in events), default=(0, None),
                         key=lambda pair: pair[0])
@@ -288,7 +262,7 @@ SUMMARY = (f"{STEPS} SGD steps on 2 ranks equal one process on both batches; eac
            f"{_S['root'] + _S['unit 0']} B of full parameters alive at once (all of them: {sum(_S.values())} B)")
 
 
-@register("zero3_unit", nproc=2, summary=SUMMARY,
+@register("zero3_unit", nproc=2, observe=observe, given={"gather": tracked_gather, "views": views}, summary=SUMMARY,
           deadlock_hint="Likely: the ranks make different collectives or in another order — every rank gathers "
           "and reduce-scatters the same units in the same order (autograd runs backward in reverse on each).")
 def verify(me: int, n: int, observed: Reader) -> list[str]:

@@ -5,15 +5,14 @@ Stage s is rank s of `group` (the world when None); it talks only to s − 1 and
 receiver allocates its buffer before the message arrives (Megatron-LM's p2p_communication does the same).
 
 Sends and receives are *blocking*: a send returns only once the neighbour posts the matching receive (Gloo's
-do; NCCL's hold up the GPU's stream the same way). So in 1F1B's steady phase — where stage s sends an activation to s + 1 while s + 1
-sends a gradient back to s — two separate blocking sends wait for each other for ever. The combined
-`send_forward_recv_backward` / `send_backward_recv_forward` post the send and the receive together and then wait
-on both (Narayanan et al. 2021; Megatron-LM's schedules.py uses exactly these two).
+do; NCCL's hold up the GPU's stream the same way). So in 1F1B's steady phase — stage s sends an activation to
+s + 1 while s + 1 sends a gradient back to s — two separate blocking sends wait for each other for ever. The
+combined `send_forward_recv_backward` / `send_backward_recv_forward` post the send and the receive together
+and wait on both (Narayanan et al. 2021; Megatron-LM's schedules.py uses exactly these two).
 
 At the ends of the pipeline the helpers do nothing, so every stage can run the same loop: on the first stage
-`recv_forward` and `send_backward_recv_forward` return None (it reads its own micro-batches) and `send_backward`
-sends nothing; on the last stage `send_forward` sends nothing and `recv_backward` and
-`send_forward_recv_backward` return None (its backward starts from the loss).
+`recv_forward`, `send_backward_recv_forward` return None (it reads its own micro-batches), `send_backward` sends
+nothing; on the last, `send_forward` sends nothing, `recv_backward`, `send_forward_recv_backward` return None.
 """
 from __future__ import annotations
 

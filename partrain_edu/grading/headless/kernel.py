@@ -1,15 +1,15 @@
 """The grading kernel: runs a submission's code cells in order (in IPython, so magics work; a cell's error
 does not stop the next cell), then lends the functions they defined to the grader.
 
-Started in the sandbox by grader.py as `python -I -m partrain_edu.grading.kernel JOB` (JOB: {"cells": [[number,
-code], ...]}). It says {"cell": number} before each cell and {"ran": n, "errors": [...]} after the last, then answers
-requests, one JSON line each (channel.py):
+Started in the sandbox by grader.py as `python -I -m partrain_edu.grading.headless.kernel JOB` (JOB:
+{"cells": [[number, code], ...]}). It says {"cell": number} before each cell and {"ran": n, "errors": [...]}
+after the last, then answers requests, one JSON line each (channel.py):
 
     {"id", "op": "call", "name", "args", "timeout", "check"} → {"id", "value"} | {"id", "raised", "message"}
     {"id", "op": "source", "name"}                           → {"id", "value": {"name", "text"}}
     either                                                   → {"id", "problem"}  (no such function, too slow…)
 
-`check(...)` calls in the notebook do nothing here (core.defer_checks): the grader runs every check itself, so
+`check(...)` calls in the notebook do nothing here (runner.defer_checks): the grader runs every check itself, so
 nothing this process says — it runs the learner's code — is a verdict; only values and source text.
 """
 from __future__ import annotations
@@ -18,7 +18,10 @@ import json
 import sys
 from typing import Any
 
-from partrain_edu.grading import channel, core
+from partrain_edu.grading.headless import channel
+from partrain_edu.grading.learner_code import source_of
+from partrain_edu.grading.registry import LearnerError
+from partrain_edu.grading.runner import defer_checks, time_limit
 
 MAX_VALUE_BYTES = 4 * 2**20
 
@@ -55,14 +58,14 @@ def answer(namespace: dict, request: dict) -> dict:
         return {"problem": f"your notebook defines no function {name!r} (after running every cell)"}
     if request.get("op") == "source":
         try:
-            source = core.source_of(function)
-        except core.LearnerError as exc:
+            source = source_of(function)
+        except LearnerError as exc:
             return {"problem": str(exc)}
         return {"value": {"name": source.name, "text": source.text}}
     try:
-        with core.time_limit(float(request["timeout"]), str(request.get("check"))):
+        with time_limit(float(request["timeout"]), str(request.get("check"))):
             value = function(*request["args"])
-    except core.LearnerError as exc:
+    except LearnerError as exc:
         return {"problem": str(exc)}
     except Exception as exc:  # the learner's error: the grader words it
         return {"raised": type(exc).__name__, "message": str(exc)[:2000]}
@@ -81,7 +84,7 @@ def main() -> None:
     with open(sys.argv[1]) as f:
         cells = json.load(f)["cells"]
     shell = _shell()
-    core.defer_checks()
+    defer_checks()
     errors = []
     for number, source in cells:
         channel.reply(writer, {"cell": number})

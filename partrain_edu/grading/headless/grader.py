@@ -1,6 +1,6 @@
 """Grade one submitted notebook so that nothing in it can decide its grade but its answers.
 
-- The checks that count are the instructor's (manifest.py, generated from solutions/), found by the exercise
+- The checks that count are the instructor's (authoring/manifest.py, from solutions/), found by the exercise
   the file is named after; a submission whose check cell was deleted still owes that check.
 - Its code runs in a sandbox (sandbox.py) on a private copy: the grading kernel (kernel.py) runs its cells,
   then lends the grader the functions they defined.
@@ -9,7 +9,8 @@
   or forges a log patches the kernel, which decides nothing). Multi-rank checks run the functions' source on
   ranks started from a fresh sandboxed process (rank_runner.py) the notebook never ran in; the ranks only
   observe (values, gradients, traffic), and the grader verifies those observations against values it
-  recomputes itself (rank_verify.py), so a function body that forges a report can only report wrong values.
+  recomputes itself (the check's verify half), so a function body that forges a report can only report wrong
+  values.
 - One wall-clock limit covers the whole notebook: its cells and all its checks. A notebook that loops, exits
   or dies is killed with everything it started, and each check it owes fails with the reason.
 """
@@ -22,15 +23,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from partrain_edu.grading.channel import Channel, Closed
-from partrain_edu.grading.core import (DEFAULT_TIMEOUT_S, CheckResult, LearnerError, Source, graded, spec_of,
-                                       time_limit, unanswered)
+from partrain_edu.grading.authoring.manifest import EXERCISES
+from partrain_edu.grading.headless.channel import Channel, Closed
+from partrain_edu.grading.headless.sandbox import Isolation
+from partrain_edu.grading.headless.submissions import NotANotebook, code_cells
 from partrain_edu.grading.imports import refusal
-from partrain_edu.grading.manifest import EXERCISES
-from partrain_edu.grading.notebook import NotANotebook, code_cells
+from partrain_edu.grading.learner_code import Source, unanswered
 from partrain_edu.grading.observations import verify
-from partrain_edu.grading.sandbox import Isolation
+from partrain_edu.grading.registry import CheckResult, LearnerError
+from partrain_edu.grading.runner import DEFAULT_TIMEOUT_S, graded, spec_of, time_limit
 
+HEADLESS = "partrain_edu.grading.headless"   # the sandboxed processes are its modules
 STOP_GRACE_S = 5.0  # the kernel stops an overrunning call itself; past this, the grader kills it
 MAX_SOURCE_CHARS = 2**20
 MAX_MESSAGE_CHARS = 4000  # a problem quotes the learner's value: keep a gradebook row readable
@@ -44,7 +47,7 @@ class Kernel:
         job.write_text(json.dumps({"cells": cells}))
         job.chmod(0o444)
         self.isolation, self.errors, self.dead, self._id = isolation, [], None, 0
-        self.proc = isolation.spawn([sys.executable, "-I", "-m", "partrain_edu.grading.kernel", str(job)], work)
+        self.proc = isolation.spawn([sys.executable, "-I", "-m", f"{HEADLESS}.kernel", str(job)], work)
         self.channel = Channel(self.proc)
 
     def run_cells(self, deadline: float, limit: float) -> str | None:
@@ -138,7 +141,7 @@ def _rank_check(isolation: Isolation, spec, sources: list[Source], deadline: flo
         job.write_text(json.dumps({"check": spec.name, "timeout": limit,
                                    "sources": [{"name": s.name, "text": s.text} for s in sources]}))
         job.chmod(0o444)
-        proc = isolation.spawn([sys.executable, "-I", "-m", "partrain_edu.grading.rank_runner", str(job)], work)
+        proc = isolation.spawn([sys.executable, "-I", "-m", f"{HEADLESS}.rank_runner", str(job)], work)
         channel = Channel(proc)
         try:
             answer = channel.receive(deadline)
@@ -217,7 +220,7 @@ def _grade(path: Path, exercise: str | None, isolation: Isolation, timeout: floa
 def _in_time(spec, learner: list, deadline: float) -> list[str]:
     # The check's own work on the learner's return values is bounded too (a huge schedule to simulate).
     with time_limit(max(0.1, deadline - time.monotonic()) + 2 * STOP_GRACE_S, spec.name):
-        return spec.fn(*learner)
+        return spec.verify(*learner)
 
 
 class _Function:

@@ -1,8 +1,8 @@
 """Which checks grade each exercise, and with which of the learner's functions (by name) — generated
-from the check(...) calls in solutions/ by `python -m partrain_edu.grading.make_exercises`; never edit.
+from the check(...) calls in solutions/ by `python -m partrain_edu.grading.authoring.make_exercises`; never edit.
 
 `partrain-edu check` takes the checks that count from here, the instructor's copy, never from a
-submission (grader.py)."""
+submission (headless/grader.py)."""
 
 EXERCISES: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     '01_ring_all_reduce': (

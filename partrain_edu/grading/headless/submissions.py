@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from partrain_edu.grading.manifest import EXERCISES
+from partrain_edu.grading.authoring.manifest import EXERCISES
 
 MAX_NOTEBOOK_BYTES = 32 * 2**20
 

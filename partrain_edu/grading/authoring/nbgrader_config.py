@@ -2,19 +2,17 @@
 source notebooks, and under these settings `nbgrader generate_assignment` releases exactly exercises/ and
 `nbgrader autograde` scores each check cell as `partrain-edu check` scores that check (tests/test_nbgrader.py).
 
-    python -m partrain_edu.grading.nbgrader_config COURSE    # COURSE/source/<exercise>/<exercise>.ipynb for each
-                                                             # solution, and COURSE/nbgrader_config.py
+    python -m partrain_edu.grading.authoring.nbgrader_config COURSE
+        # COURSE/source/<exercise>/<exercise>.ipynb for each solution, and COURSE/nbgrader_config.py
     cd COURSE
     nbgrader generate_assignment 01_ring_all_reduce   # release/01_ring_all_reduce/: the notebook in exercises/
     nbgrader autograde 01_ring_all_reduce             # submitted/<student>/01_ring_all_reduce/ -> gradebook.db
 
 Run nbgrader from the course's activated venv (`source .venv/bin/activate`): it starts `alembic` from PATH when
-it creates the gradebook, and each submission's kernel must import partrain_edu.
-
-Each check cell is worth 1 point, named (grade_id) after its check. nbgrader runs a submission's cells, the
-checks included, in one kernel, as the learner did: use it for honest work. `partrain-edu check` is the grader
-that a submission cannot talk into a pass (a sandbox, the instructor's list of checks, the course's own code
-refused); it also writes the CSV for those who do not run nbgrader.
+it creates the gradebook, and each submission's kernel must import partrain_edu. Each check cell is worth 1 point,
+named (grade_id) after its check. nbgrader runs a submission's cells, the checks included, in one kernel, as the
+learner did: use it for honest work. `partrain-edu check` is the grader that a submission cannot talk into a pass
+(a sandbox, the instructor's list of checks, the course's own code refused); it also writes the CSV.
 """
 from __future__ import annotations
 
@@ -23,13 +21,14 @@ import shutil
 import sys
 from pathlib import Path
 
-from partrain_edu.grading.make_exercises import BEGIN, END, OUTPUT_METADATA, ROOT, STUB, refresh_solution
+from partrain_edu.grading.authoring.make_exercises import (BEGIN, END, OUTPUT_METADATA, ROOT, STUB,
+                                                           refresh_solution)
 
 CELL_TIMEOUT_S = 600  # a multi-rank check launches ranks and waits up to its own timeout (60 s by default)
 
 CONFIG_FILE = '''\
-# nbgrader's settings for the partrain_edu course (see partrain_edu/grading/nbgrader_config.py).
-from partrain_edu.grading.nbgrader_config import configure
+# nbgrader's settings for the partrain_edu course (see partrain_edu/grading/authoring/nbgrader_config.py).
+from partrain_edu.grading.authoring.nbgrader_config import configure
 
 c = get_config()  # noqa: F821 (nbgrader defines it)
 configure(c)
@@ -55,7 +54,7 @@ def lay_out(course: Path, solutions: Path = ROOT / "solutions", names: list[str]
     stale = [p.name for p in paths if refresh_solution(p, check_only=True)]
     if stale:  # checked before anything is written: no half-made course
         raise ValueError(f"{', '.join(stale)} in {solutions} lack their nbgrader metadata: "
-                         "run python -m partrain_edu.grading.make_exercises")
+                         "run python -m partrain_edu.grading.authoring.make_exercises")
     for path in paths:
         target = course / "source" / path.stem / path.name
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -1,23 +1,18 @@
-"""Generate exercises/ from solutions/: every answer between nbgrader's markers becomes a NotImplementedError;
-the grader's manifest (`grading/manifest.py`): which checks grade each exercise, with which functions; and the
-nbgrader cell metadata of solutions/, so that nbgrader takes them as its source notebooks.
+"""Generate exercises/ from solutions/ (answers become a NotImplementedError), the grader's manifest (manifest.py:
+which checks grade each exercise, with which functions) and the nbgrader cell metadata of solutions/.
 
-    python -m partrain_edu.grading.make_exercises            # rewrite them all (never edit them by hand)
-    python -m partrain_edu.grading.make_exercises --check    # exit 1 when any of them is out of date
+    python -m partrain_edu.grading.authoring.make_exercises          # rewrite them all (never edit them by hand)
+    python -m partrain_edu.grading.authoring.make_exercises --check  # exit 1 when any of them is out of date
 
-In each code cell, the lines from `### BEGIN SOLUTION` to `### END SOLUTION` (both included) are replaced by
-`# YOUR CODE HERE` and `raise NotImplementedError(...)` at the marker's indentation, so a function keeps its
-signature and docstring and stays valid Python; every output and execution count is cleared.
-
-nbgrader (https://nbgrader.readthedocs.io, cell metadata schema 3): each answer cell (one with the markers) is an
-"autograded answer" cell and each `check(...)` cell an "autograder tests" cell worth 1 point whose grade_id is
-the check's name, so nbgrader's score per cell is `partrain-edu check`'s pass or fail per check. An exercise is
-exactly what `nbgrader generate_assignment` releases from its solution under `nbgrader_config.configure`, cell
-metadata included (the checksums, `cell_type`, and `deletable`/`editable` false on the cells nbgrader locks):
-tests/test_nbgrader.py runs nbgrader and compares.
-
+In each code cell, the lines from `### BEGIN SOLUTION` to `### END SOLUTION` (both included) become
+`# YOUR CODE HERE` and `raise NotImplementedError(...)` at the marker's indentation (a function keeps its signature
+and docstring and stays valid Python); every output and execution count is cleared. For nbgrader (cell metadata
+schema 3) each answer cell (one with the markers) is an "autograded answer" cell and each `check(...)` cell an
+"autograder tests" cell worth 1 point whose grade_id is the check's name, so nbgrader scores each check as
+`partrain-edu check` does. An exercise is exactly what `nbgrader generate_assignment` releases from its solution
+under `nbgrader_config.configure`, cell metadata included (tests/test_nbgrader.py runs nbgrader and compares).
 The manifest lists every `check("name", function, ...)` call of each solution: `partrain-edu check` grades a
-submission against it — the instructor's copy — so a submission whose check cell was deleted still owes it.
+submission against it, the instructor's copy, so a submission whose check cell was deleted still owes it.
 """
 from __future__ import annotations
 
@@ -30,7 +25,7 @@ from pathlib import Path
 
 import nbformat
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MANIFEST = Path(__file__).resolve().parent / "manifest.py"
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 MESSAGE = "write your answer here, then run the check below"
@@ -217,10 +212,11 @@ def refresh_solution(path: Path, check_only: bool = False) -> bool:
 
 def render_manifest(solutions: list[Path]) -> str:
     lines = ['"""Which checks grade each exercise, and with which of the learner\'s functions (by name) — generated',
-             "from the check(...) calls in solutions/ by `python -m partrain_edu.grading.make_exercises`; never edit.",
+             "from the check(...) calls in solutions/ by "
+             "`python -m partrain_edu.grading.authoring.make_exercises`; never edit.",
              "",
              "`partrain-edu check` takes the checks that count from here, the instructor's copy, never from a",
-             'submission (grader.py)."""', "",
+             'submission (headless/grader.py)."""', "",
              "EXERCISES: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {"]
     for path in solutions:
         try:
@@ -266,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     changed = generate(check_only=args.check)
     if args.check and changed:
-        print(f"out of date: {changed}; run python -m partrain_edu.grading.make_exercises",
+        print(f"out of date: {changed}; run python -m partrain_edu.grading.authoring.make_exercises",
               file=sys.stderr)
         return 1
     print(("updated " + ", ".join(changed)) if changed else

@@ -71,8 +71,8 @@ def _print_notebook(nb: dict) -> None:
 
 def _gradable(path: Path, exercise: str | None) -> None:
     """One file given: what makes it ungradable is bad input (exit 2, one line), not a row scored 0."""
-    from partrain_edu.grading.manifest import EXERCISES
-    from partrain_edu.grading.notebook import NotANotebook, code_cells, exercise_of
+    from partrain_edu.grading.authoring.manifest import EXERCISES
+    from partrain_edu.grading.headless.submissions import NotANotebook, code_cells, exercise_of
 
     try:
         code_cells(path)
@@ -85,8 +85,8 @@ def _gradable(path: Path, exercise: str | None) -> None:
 
 
 def run_check_command(args: argparse.Namespace) -> int:
-    from partrain_edu.grading.manifest import EXERCISES
-    from partrain_edu.grading.notebook import exercise_of, notebooks_in
+    from partrain_edu.grading.authoring.manifest import EXERCISES
+    from partrain_edu.grading.headless.submissions import exercise_of, notebooks_in
 
     paths = notebooks_in(args.path)   # every argument is checked before the grader (torch) is imported
     if args.exercise is not None and args.exercise not in EXERCISES:
@@ -94,8 +94,8 @@ def run_check_command(args: argparse.Namespace) -> int:
     if not Path(args.path).is_dir():
         _gradable(paths[0], args.exercise)
     gradebook = Gradebook(args.csv) if args.csv else None
-    from partrain_edu.grading.grader import grade_notebook
-    from partrain_edu.grading.sandbox import isolation_for
+    from partrain_edu.grading.headless.grader import grade_notebook
+    from partrain_edu.grading.headless.sandbox import isolation_for
 
     notebooks = []
     try:

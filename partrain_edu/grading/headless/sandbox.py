@@ -82,7 +82,8 @@ class Isolation:
             json.dump({"uid": self.uid, "gid": self.gid, "hide": list(self.hide), "readonly": list(self.readonly),
                        "writable": [str(work)], "cover": [list(c) for c in self.cover], "cwd": str(work),
                        "argv": argv, "env": env}, f)
-        command = [self.unshare, *UNSHARE, sys.executable, "-I", "-m", "partrain_edu.grading.jail", str(spec)]
+        jail = "partrain_edu.grading.headless.jail"
+        command = [self.unshare, *UNSHARE, sys.executable, "-I", "-m", jail, str(spec)]
         return subprocess.Popen(command, cwd="/", env={"PATH": env["PATH"], "LANG": "C.UTF-8"},
                                 preexec_fn=_die_with_parent, **pipes)
 
@@ -133,7 +134,7 @@ def _view() -> tuple[tuple[str, str], ...]:
     """The view of the package the sandbox gets (view.py), written once per grading process, removed at exit."""
     import atexit
 
-    from partrain_edu.grading import view
+    from partrain_edu.grading.headless import view
 
     folder = Path(tempfile.mkdtemp(prefix="partrain_view_"))
     folder.chmod(0o755)

@@ -1,11 +1,11 @@
 """Launch the observe half of a multi-rank check on N ranks and bring back what they published: the JSON text
-of every rank's observations (rank_observe.main), to be verified by the caller (observations.verify).
+of every rank's observations (rank_main.py), to be verified by the caller (observations.verify).
 
 The launcher (`launcher.oneshot.torchrun`) hands back what rank 0 published by unpickling it in the calling
 process; the grading path publishes only a JSON string, and a rank that publishes something else gets a
-failure here. For `partrain-edu check` this runs in the sandbox (rank_runner.py), so the grader itself reads
-nothing but that text off the channel. A rank that raises, hangs or exits early becomes a LearnerError worded
-for the learner: the traceback is cut to the learner's own frames (no grader frames, no absolute paths).
+failure here. For `partrain-edu check` this runs in the sandbox (headless/rank_runner.py), so the grader itself
+reads nothing but that text off the channel. A rank that raises, hangs or exits early becomes a LearnerError
+worded for the learner: the traceback is cut to the learner's own frames (no grader frames, no absolute paths).
 """
 from __future__ import annotations
 
@@ -13,14 +13,29 @@ import json
 import tempfile
 import textwrap
 from pathlib import Path
+from typing import Any
 
-from partrain_edu.grading.core import LearnerError, Source, not_implemented
+from partrain_edu.grading.learner_code import Source
 from partrain_edu.grading.observations import MAX_TEXT_CHARS
+from partrain_edu.grading.registry import Check, LearnerError, not_implemented
 
-RANK_CODE = "from partrain_edu.grading.rank_observe import main\nmain()\n"
+RANK_CODE = "from partrain_edu.grading.rank_main import main\nmain()\n"
 
 
-def observe_on_ranks(spec, sources: list[Source], timeout: float) -> str:
+def namespace_for(spec: Check) -> dict[str, Any]:
+    """The globals a learner's function of check `spec` runs with on the ranks: torch, dist, nn, F and math,
+    and the helpers the exercise hands out (the check's `given`)."""
+    import math
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    return {"torch": torch, "dist": dist, "nn": nn, "F": F, "math": math, **spec.given}
+
+
+def observe_on_ranks(spec: Check, sources: list[Source], timeout: float) -> str:
     """The published JSON text of check `spec` run on `spec.nproc` ranks with the learner's `sources`."""
     from partrain_edu.launcher import TorchrunError, torchrun
     from partrain_edu.launcher.status_line import RankStatus
@@ -49,7 +64,7 @@ def observe_on_ranks(spec, sources: list[Source], timeout: float) -> str:
     return text
 
 
-def explain_failure(err, spec, timeout: float, sources: list[Source]) -> str:
+def explain_failure(err, spec: Check, timeout: float, sources: list[Source]) -> str:
     """Why the launch failed, for the learner: not implemented, a deadlock (with the check's hint), or the
     error a rank raised with the learner's own frames."""
     tb = err.rank_traceback or str(err)
@@ -63,9 +78,8 @@ def explain_failure(err, spec, timeout: float, sources: list[Source]) -> str:
     mine = learner_frames(tb, sources)
     hint = ""
     if last[0].startswith("NameError"):
-        from partrain_edu.grading.rank_observe import namespace_for
         hint = (" — only your function's own source travels to the ranks: define any helper inside it "
-                f"({', '.join(namespace_for(spec.name))} are there)")
+                f"({', '.join(namespace_for(spec))} are there)")
     return (f"{where} raised {last[0].strip()}{hint}"
             + (f"\n{textwrap.indent(mine[-1500:], '      ')}" if mine else ""))
 

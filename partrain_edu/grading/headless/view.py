@@ -21,6 +21,7 @@ HIDDEN = ("theory", "parallel", "strategies", "emulated", "lessons")
 EXPOSED: dict[str, tuple[str, ...]] = {
     "parallel.ring": ("chunk_bounds", "ring_bytes_sent_by"),
     "parallel.buckets": ("plan_buckets",),
+    "parallel.saved_bytes": ("SavedBytes",),
     "theory.schedules": ("simulate", "Action", "Schedule"),
     "theory.memory": ("gpt_param_count",),
     "theory.hardware": ("DEVICES",),

@@ -1,5 +1,5 @@
 """Runs the observe half of one multi-rank check in the sandbox, in a fresh process the submission's notebook
-never ran in: `python -I -m partrain_edu.grading.rank_runner JOB` with JOB = {"check", "sources": [{"name",
+never ran in: `python -I -m partrain_edu.grading.headless.rank_runner JOB` with JOB = {"check", "sources": [{"name",
 "text"}], "timeout"}; answers on the channel (channel.py) either {"observations": JSON text} — what rank 0
 published, passed on unread — or {"failure": message} when a rank raised, hung or reported nothing.
 
@@ -12,19 +12,22 @@ from __future__ import annotations
 import json
 import sys
 
-from partrain_edu.grading import channel, core
-from partrain_edu.grading.rank_launch import observe_on_ranks
+from partrain_edu.grading.headless import channel
+from partrain_edu.grading.learner_code import Source
+from partrain_edu.grading.on_ranks import observe_on_ranks
+from partrain_edu.grading.registry import LearnerError
+from partrain_edu.grading.runner import spec_of
 
 
 def main() -> None:
     _, writer = channel.sandbox_end()
     with open(sys.argv[1]) as f:
         job = json.load(f)
-    sources = [core.Source(s["name"], s["text"]) for s in job["sources"]]
-    spec = core.spec_of(job["check"], len(sources))
+    sources = [Source(s["name"], s["text"]) for s in job["sources"]]
+    spec = spec_of(job["check"], len(sources))
     try:
         channel.reply(writer, {"observations": observe_on_ranks(spec, sources, job["timeout"])})
-    except core.LearnerError as err:
+    except LearnerError as err:
         channel.reply(writer, {"failure": str(err)})
 
 

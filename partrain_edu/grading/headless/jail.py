@@ -1,16 +1,14 @@
 """The sandbox's first process: root, PID 1 of fresh mount, PID, IPC and network namespaces (started by
-sandbox.py as `unshare --mount --pid --ipc --net --fork --kill-child --mount-proc --propagation private python
--I -m partrain_edu.grading.jail SPEC`). It prepares the view of the file system and brings up loopback (the
-ranks of a multi-rank check talk over it; nothing else is reachable), then runs the command as the
-unprivileged sandbox user and exits with its status.
-
-The view: every folder in `hide` is covered by an empty tmpfs (the submissions, the grader's home, the
-repository with solutions/ and .git, and the world-writable /tmp, /var/tmp, /dev/shm, /run/lock — so
-submissions cannot leave files for each other); the folders in `readonly` (Python, the venv, the package)
-and `writable` (this run's private folder) are then mounted back where they were, the first ones read-only,
-so a submission can neither change the grader nor read what it must not, whatever the file permissions say.
-Last, each package folder in `cover` is covered read-only by the view of grading/view.py: the course's answers
-are in no file, module or cache the sandbox can reach, under any spelling of the import.
+sandbox.py as `unshare --mount --pid --ipc --net --fork --kill-child --mount-proc --propagation private python -I
+-m partrain_edu.grading.headless.jail SPEC`). It prepares the view of the file system and brings up loopback (the
+ranks of a multi-rank check talk over it; nothing else is reachable), then runs the command as the unprivileged
+sandbox user and exits with its status. The view: every folder in `hide` is covered by an empty tmpfs (the
+submissions, the grader's home, the repository with solutions/ and .git, and the world-writable /tmp, /var/tmp,
+/dev/shm, /run/lock — so submissions cannot leave files for each other); the folders in `readonly` (Python, the
+venv, the package) and `writable` (this run's private folder) are then mounted back where they were, the first
+ones read-only, so a submission can neither change the grader nor read what it must not, whatever the file
+permissions say. Last, each package folder in `cover` is covered read-only by the view of view.py: the course's
+answers are in no file, module or cache the sandbox can reach, under any spelling of the import.
 
 Staying PID 1 (instead of exec'ing the command) is what makes "kill everything it started" exact: when this
 process dies — the command exited, or the grader killed `unshare`, whose --kill-child kills us — the kernel
