@@ -1,8 +1,12 @@
-"""Dependencies point one way: theory ← parallel (the library) ← strategies, config ← train ← cli.
+"""Dependencies point one way, layer by layer (LAYERS), and no module imports itself back through others.
 
-`partrain_edu.parallel` must load without the course harness (the loop, the CLI, the strategy registry), so a
-learner can use its pieces on any model; `theory` must never need torch; the strategy index in
-`partrain_edu.strategies` must name exactly the strategies that register.
+    units ← theory ← data/models ← comm/topology ← runtime/emulated ← parallel | launcher ← config ← strategies
+          ← train/checkpoint ← notebook/netem/lessons/grading/viz ← cli
+
+An import, at the top or lazily inside a function, may only reach its own layer or one below; `parallel` (the
+library) and `launcher` are siblings that never import each other. `partrain_edu.parallel` must load without the
+course harness, so a learner can use its pieces on any model; `theory` must never need torch; the strategy index
+in `partrain_edu.strategies` must name exactly the strategies that register.
 """
 import ast
 import json
@@ -17,6 +21,91 @@ from partrain_edu.strategies import strategies
 PACKAGE = Path(partrain_edu.__file__).parent
 HARNESS = ("partrain_edu.train", "partrain_edu.cli", "partrain_edu.strategies", "partrain_edu.config",
            "partrain_edu.models")
+
+
+# Each top-level name of the package in its layer; an import may reach its own layer or one below.
+LAYERS = [("units",), ("theory",), ("data", "models"), ("comm", "topology"), ("runtime", "emulated"),
+          ("parallel", "launcher"), ("config", "train_checks"), ("strategies",),
+          ("train", "checkpoint", "checkpoint_files", "benchmarking", "oracle", "gaps", "progress"),
+          ("notebook", "netem", "lessons", "grading", "viz", "workspace"), ("cli", "__main__")]
+SIBLINGS = {"parallel", "launcher"}  # one layer, and neither imports the other
+
+
+def package_modules() -> dict[str, Path]:
+    """{"partrain_edu.launcher.warm.pool": path, ...} for every module of the package (a package is its __init__)."""
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (`from partrain_edu import runtime` is an edge to runtime; the
+    bare package `partrain_edu`, a docstring and a version, is no layer and no edge)."""
+    modules = package_modules()
+    graph = {}
+    for name, path in modules.items():
+        reached = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                reached.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                inner = {f"{node.module}.{alias.name}" for alias in node.names} & modules.keys()
+                reached.update(inner or {node.module})
+        graph[name] = {m for m in reached if m in modules and m not in (name, "partrain_edu")}
+    return graph
+
+
+def layer_of(module: str) -> tuple[int, str]:
+    top = module.split(".")[1]
+    return next(i for i, names in enumerate(LAYERS) if top in names), top
+
+
+def test_every_module_sits_in_a_layer():
+    unplaced = {m for m in package_modules() if m != "partrain_edu" and not any(m.split(".")[1] in names
+                                                                             for names in LAYERS)}
+    assert unplaced == set(), "add these to LAYERS (and to the README's tree)"
+
+
+def test_every_import_points_down_the_layers():
+    upward = []
+    for module, reached in import_graph().items():
+        if module == "partrain_edu":
+            continue
+        (mine, top) = layer_of(module)
+        for target in reached:
+            (theirs, other) = layer_of(target)
+            if theirs > mine or (theirs == mine and top != other and {top, other} <= SIBLINGS):
+                upward.append(f"{module} -> {target}")
+    assert sorted(upward) == []
+
+
+def test_the_import_graph_has_no_cycle():
+    graph, state, cycles = import_graph(), {}, []
+
+    def visit(module: str, path: list[str]) -> None:   # depth first; a grey module met again closes a cycle
+        state[module] = "grey"
+        for target in sorted(graph[module]):
+            if state.get(target) == "grey":
+                cycles.append(path[path.index(target):] + [target] if target in path else [module, target])
+            elif target not in state:
+                visit(target, path + [target])
+        state[module] = "black"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []
+
+
+def test_no_module_of_the_package_root_hides_behind_an_underscore():
+    assert sorted(p.name for p in PACKAGE.glob("_*.py") if p.name not in ("__init__.py", "__main__.py")) == []
+
+
+def test_no_file_of_the_package_is_over_300_lines():
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 300}
+    assert long == {}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -70,15 +159,6 @@ def test_the_library_index_lists_every_module():
     import partrain_edu.parallel as parallel
 
     assert sorted(parallel.__all__) == sorted(p.stem for p in library_files() if p.name != "__init__.py")
-
-
-def test_harness_layers_point_one_way():
-    # strategies never import the loop or the CLI; the loop never imports the CLI (not even lazily);
-    # the config the CLI builds its parser from imports none of them.
-    for path in sorted((PACKAGE / "strategies").glob("*.py")):
-        assert imports_any(path, ("partrain_edu.train", "partrain_edu.cli")) == [], path.name
-    assert imports_any(PACKAGE / "train.py", ("partrain_edu.cli",)) == []
-    assert imports_any(PACKAGE / "config.py", ("partrain_edu.train", "partrain_edu.cli", "partrain_edu.strategies")) == []
 
 
 def grading_imports() -> dict[str, set[str]]:

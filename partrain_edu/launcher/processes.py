@@ -106,6 +106,11 @@ def leftovers_of(pid: int, keep: set[int] = frozenset()) -> list[Proc]:
     return [table[p] for p in sorted(found - {pid, os.getpid(), *keep}) if p in table]
 
 
+def children(pid: int) -> list[Proc]:
+    """The live processes whose parent is `pid`."""
+    return [p for p in _table().values() if p.ppid == pid]
+
+
 def session_members(sid: int) -> list[Proc]:
     """Every live process of session `sid` or of process group `sid` (a child that changed its group but not its
     session is still found; one that started a session of its own is not), except the calling process."""

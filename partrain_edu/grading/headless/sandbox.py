@@ -10,11 +10,11 @@ to running submissions as its own user, each in a private folder and its own ses
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import pwd
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Iterator
 
 import partrain_edu
+from partrain_edu.launcher import processes
 
 USER = "partrain-grader"
 PACKAGE = Path(partrain_edu.__file__).resolve().parent
@@ -85,19 +86,19 @@ class Isolation:
         jail = "partrain_edu.grading.headless.jail"
         command = [self.unshare, *UNSHARE, sys.executable, "-I", "-m", jail, str(spec)]
         return subprocess.Popen(command, cwd="/", env={"PATH": env["PATH"], "LANG": "C.UTF-8"},
-                                preexec_fn=_die_with_parent, **pipes)
+                                preexec_fn=functools.partial(processes.die_with_parent, os.getpid()), **pipes)
 
     def stop(self, proc: subprocess.Popen) -> None:
         """Kill `proc` and everything it started; return once they are gone."""
-        if not self.jailed:
-            _kill_session(proc.pid)
+        if not self.jailed:   # its session and process group; one that started a session of its own escapes
+            processes.stop(lambda: processes.session_members(proc.pid), grace_s=0.0)
             proc.wait()
             return
-        jail = [pid for pid in _pids() if _stat(pid)[1] == proc.pid]  # the namespace's PID 1, seen from here
+        jail = processes.children(proc.pid)  # the namespace's PID 1, seen from here
         proc.kill()  # unshare's --kill-child kills the jail, and the kernel every process in its namespace...
         proc.wait()
         deadline = time.monotonic() + 10
-        while any(_stat(pid)[0] not in ("Z", None) for pid in jail) and time.monotonic() < deadline:
+        while any(processes.is_running(f"{p.pid}:{p.start}") for p in jail) and time.monotonic() < deadline:
             time.sleep(0.02)  # ...before the jail itself is gone: then nothing of the submission is left
 
 
@@ -185,43 +186,3 @@ def _unjailed(reason: str) -> Isolation:
                      f"folder and its own session, killed at the time limit, but it could change anything {user} "
                      "can (the package, other submissions) and import the course's implementations; run the "
                      "grader as root on Linux for a sandbox")
-
-
-def _die_with_parent() -> None:
-    """In `unshare`, before it starts: SIGKILL it if the grader dies (killed, crashed), which --kill-child
-    passes on to the whole sandbox — a grader that is stopped leaves nothing of a submission running."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
-def _kill_session(sid: int) -> None:
-    """SIGKILL the process group `sid` and every process still in session `sid` (a child that changed its
-    group but not its session); one that started its own session escapes: the unjailed mode says so."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(sid, signal.SIGKILL)
-    for _ in range(3):
-        members = [pid for pid in _pids() if (stat := _stat(pid))[0] not in ("Z", None) and stat[2] == sid]
-        if not members:
-            return
-        for pid in members:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.05)
-
-
-def _pids() -> list[int]:
-    try:
-        return [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return []
-
-
-def _stat(pid: int) -> tuple:
-    """(state, parent, session) of process `pid` from /proc; (None, None, None) when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return fields[0], int(fields[1]), int(fields[3])
-    except (OSError, IndexError, ValueError):
-        return None, None, None
