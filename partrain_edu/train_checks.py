@@ -6,18 +6,25 @@ The rules for pipelines (`check_pipeline`), FSDP × TP's degrees (`fsdp_tp_degre
 (`check_global_batch`) live here and the strategies call them. The others are the strategies' `layout`
 (strategies/*.py) and `emulation.check`, which still run once torch is loaded. This module mirrors them by
 strategy name, and tests/test_train_checks.py holds the two to agreement over a grid of layouts (and
-STRATEGY_NAMES, MODEL to the registry and GPTConfig), so a new rule there fails a test here.
+STRATEGY_MODULES, MODEL to the registry and GPTConfig), so a new rule there fails a test here.
 """
 from __future__ import annotations
 
 import math
 from types import SimpleNamespace
 
-# The registry's names, in the order `partrain-edu train` lists them (strategies.strategies()).
-STRATEGY_NAMES = (
-    "single", "torch-ddp", "ddp", "ddp-naive", "naive-dp", "tp", "tp-sp", "torch-tp", "pp-naive", "pp-gpipe",
-    "pp-1f1b", "pp-interleaved", "pp-zb1", "torch-pp", "torch-pp-zb", "zero1", "zero2", "zero3", "torch-fsdp",
-    "3d", "3d-mesh", "cp", "fsdp-tp", "torch-fsdp-tp", "ddp-bf16", "zero3-bf16", "torch-fsdp-bf16")
+# The registry's index: each strategy's name → the module of `partrain_edu.strategies` whose import registers it,
+# in the order `partrain-edu train` lists them. `get_strategy(name)` imports that module alone, so that a rank
+# of "ddp" never pays for DTensor's, FSDP2's or pipelining's imports (about 2 s of CPU a rank, before its first
+# step). tests/test_layering.py holds the index to the registry.
+STRATEGY_MODULES = {
+    "single": "single", "torch-ddp": "torch_ddp", "ddp": "ddp", "ddp-naive": "ddp", "naive-dp": "naive_dp",
+    "tp": "tensor", "tp-sp": "tensor", "torch-tp": "torch_tp", "pp-naive": "pipeline", "pp-gpipe": "pipeline",
+    "pp-1f1b": "pipeline", "pp-interleaved": "pipeline", "pp-zb1": "pipeline", "torch-pp": "torch_pp",
+    "torch-pp-zb": "torch_pp", "zero1": "zero", "zero2": "zero", "zero3": "fsdp", "torch-fsdp": "torch_fsdp",
+    "3d": "hybrid", "3d-mesh": "hybrid", "cp": "context", "fsdp-tp": "fsdp_tp", "torch-fsdp-tp": "fsdp_tp",
+    "ddp-bf16": "mixed_precision", "zero3-bf16": "mixed_precision", "torch-fsdp-bf16": "mixed_precision"}
+STRATEGY_NAMES = tuple(STRATEGY_MODULES)
 MODEL = {"vocab_size": 128, "seq_len": 32, "n_layer": 4, "n_embd": 64, "n_head": 4}   # GPTConfig()'s sizes
 EMULATED = ("single", "ddp", "ddp-naive", "zero1", "zero2", "zero3", "tp", "tp-sp", "cp", "fsdp-tp")
 

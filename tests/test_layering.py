@@ -197,6 +197,15 @@ def test_the_command_line_parser_does_not_load_torch():
     assert fresh_import(["partrain_edu.cli"], ("torch",)) == {"partrain_edu.cli": []}
 
 
+def test_a_rank_loads_only_its_own_strategys_torch_modules():
+    # DTensor, FSDP2 and pipelining cost about 2 s of imports a rank: a rank of our own pieces never pays them
+    heavy = ("torch.distributed.tensor", "torch.distributed.fsdp", "torch.distributed.pipelining", "torch._dynamo")
+    ours = ["single", "ddp", "naive_dp", "tensor", "pipeline", "zero", "fsdp", "hybrid", "context", "torch_ddp"]
+    modules = ["partrain_edu.train"] + [f"partrain_edu.strategies.{m}" for m in ours]
+    assert fresh_import(modules, heavy) == {m: [] for m in modules}
+    assert fresh_import(["partrain_edu.strategies.torch_pp"], heavy)["partrain_edu.strategies.torch_pp"] != []
+
+
 def test_theory_never_imports_torch():
     files = sorted((PACKAGE / "theory").glob("*.py"))
     assert {p.name: imports_any(p, ("torch",)) for p in files} == {p.name: [] for p in files}
@@ -217,4 +226,5 @@ def index_rows() -> dict[str, str]:
 def test_the_strategy_index_is_the_registry():
     registered = {name: cls.__module__ for name, cls in strategies().items()}
     assert registered == index_rows()
-    assert set(strategies_pkg.STRATEGY_MODULES) == set(registered.values())
+    assert {name: f"partrain_edu.strategies.{module}" for name, module in strategies_pkg.STRATEGY_MODULES.items()} \
+        == registered

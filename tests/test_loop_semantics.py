@@ -1,4 +1,4 @@
-"""The training loop a PyTorch user writes (issue 27), at 2 and 4 ranks (rank side: tests/ranks/loop_accumulation.py):
+"""The training loop a PyTorch user writes (issue 27), at 4 ranks (rank side: tests/ranks/loop_accumulation.py):
 gradient accumulation over 4 micro-batches reducing once (DDP and FSDP in no_sync, ZeroOptimizer's own way),
 torch.utils.checkpoint around FSDP units and tensor-parallel blocks, FSDP's parameters visible — each against
 one process and beside PyTorch's DDP no_sync and FSDP2. The package names its wrappers (clipping:
@@ -15,7 +15,7 @@ RANKS = Path(__file__).parent / "ranks" / "loop_accumulation.py"
 FP32 = 1e-6
 
 
-@pytest.fixture(scope="module", params=[2, 4])
+@pytest.fixture(scope="module", params=[4])
 def results(request):
     return torchrun(RANKS, nproc=request.param, timeout=300, echo=None).published["results"]
 

@@ -1,4 +1,4 @@
-"""Issue 27's clipping table, rerun at 2 and 4 ranks (rank side: tests/ranks/loop_clipping.py): every wrapper
+"""Issue 27's clipping table, rerun at 4 ranks (rank side: tests/ranks/loop_clipping.py): every wrapper
 clips by the true total norm (0.6016 on the first batch) on every rank, torch.nn.utils.clip_grad_norm_ on a
 wrapper that holds part of the gradient is refused naming the wrapper's method, and three clipped AdamW steps
 equal one process — beside PyTorch's DDP + ZeroRedundancyOptimizer and FSDP2. Refusals also run here, in a
@@ -20,7 +20,7 @@ CONTROLS = ("DistributedDataParallel + torch's clip", "PyTorch DDP + ZeroRedunda
             "PyTorch FSDP2 fully_shard")
 
 
-@pytest.fixture(scope="module", params=[2, 4])
+@pytest.fixture(scope="module", params=[4])
 def results(request):
     return torchrun(RANKS, nproc=request.param, timeout=300, echo=None).published["results"]
 

@@ -1,37 +1,21 @@
-"""Make communication that `CommTracer` cannot patch visible to it, priced by the same ring cost model.
+"""Make the communication of DTensor and FSDP2 visible to `CommTracer`, priced by the same ring cost model.
 
 `CommTracer` wraps the Python functions of `torch.distributed`. Two kinds of traffic never pass through them:
-- PyTorch DDP's bucket all-reduce, launched by its C++ reducer: `traced_allreduce_hook` is a DDP
-  communication hook that makes the very same call through `torch.distributed.all_reduce`;
-- functional collectives (`torch.ops._c10d_functional`, what DTensor and FSDP2 use): `FunctionalCollectiveCounter`
-  is a `CommDebugMode` (a TorchDispatchMode that sees them, forward and backward) that also prices each call —
-  payload S is the full tensor: the input of an all-reduce or reduce-scatter, group size × the input of an
-  all-gather — and adds one `CommRecord` to the active tracer, labelled "forward" or "backward".
+PyTorch DDP's bucket all-reduce, launched by its C++ reducer (`comm.ddp_hook`), and functional collectives
+(`torch.ops._c10d_functional`, what DTensor and FSDP2 use). `FunctionalCollectiveCounter` is a `CommDebugMode`
+(a TorchDispatchMode that sees them, forward and backward) that also prices each call — payload S is the full
+tensor: the input of an all-reduce or reduce-scatter, group size × the input of an all-gather — and adds
+one `CommRecord` to the active tracer, labelled "forward" or "backward".
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-from torch.distributed.tensor.debug import CommDebugMode
+from torch.distributed.tensor.debug import CommDebugMode  # ~2 s of imports (DTensor, dynamo): a module of its own
 
 from partrain_edu.comm.tracer import CommRecord, CommTracer
 from partrain_edu.theory.traffic import ring_bytes_sent
-
-
-def traced_allreduce_hook(process_group, bucket):  # -> Future[Tensor]; DDP rejects a string annotation
-    """DDP comm hook with the semantics of PyTorch's default one (``default_hooks.allreduce_hook``): divide
-    the bucket by the world size, all-reduce it, hand back the averaged buffer.
-
-    PyTorch's DDP all-reduces gradient buckets in C++, where a tracer cannot see them. This hook makes the
-    same call through the ``torch.distributed.all_reduce`` attribute, so ``ddp.register_comm_hook(None,
-    traced_allreduce_hook)`` (or a process group instead of None) makes DDP's traffic visible to a CommTracer.
-    """
-    group = process_group if process_group is not None else dist.group.WORLD
-    tensor = bucket.buffer()
-    tensor.div_(dist.get_world_size(group))       # divide first, as torch does, to avoid fp16 overflow
-    work = dist.all_reduce(tensor, group=group, async_op=True)   # looked up now: the traced one if active
-    return work.get_future().then(lambda fut: fut.value()[0])
 
 
 _FUNCOL = torch.ops._c10d_functional

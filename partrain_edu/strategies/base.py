@@ -7,8 +7,8 @@ weights and AdamW; it only decides where the bytes live and which bytes move, by
 `partrain_edu.parallel`'s pieces. So every loss curve must equal `single`'s, the oracle of every test (the
 bf16 strategies, which compute and communicate in bf16, within 2⁻⁸: one bf16 rounding).
 `train_step` returns (sum of the per-sample losses this rank accounts for, their number); the loop sums both
-over ranks. `@register("name")` files a class under its name; `strategies()` imports the modules of the
-index (STRATEGY_MODULES, below), each of which registers its own.
+over ranks. `@register("name")` files a class under its name; `get_strategy(name)` imports the one module the
+index names (`train_checks.STRATEGY_MODULES`, torch-free), `strategies()` all of them.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from partrain_edu.config import TrainConfig
 from partrain_edu.data import data_parallel_slice, split_microbatches
 from partrain_edu.models import TinyGPT
 from partrain_edu.parallel.fsdp import FullyShardedDataParallel
-from partrain_edu.train_checks import check_global_batch  # noqa: F401  (torch-free: the strategies' and the CLI's one rule)
+from partrain_edu.train_checks import STRATEGY_MODULES, check_global_batch  # torch-free: shared with the CLI
 
 LEARNING_RATE = 3e-3
 
@@ -120,40 +120,23 @@ def register(name: str):
     return decorate
 
 
-# Modules whose import registers strategies, in the order `partrain-edu train` lists them.
-STRATEGY_MODULES = [
-    "partrain_edu.strategies.single",
-    "partrain_edu.strategies.torch_ddp",
-    "partrain_edu.strategies.ddp",
-    "partrain_edu.strategies.naive_dp",
-    "partrain_edu.strategies.tensor",
-    "partrain_edu.strategies.torch_tp",
-    "partrain_edu.strategies.pipeline",
-    "partrain_edu.strategies.torch_pp",
-    "partrain_edu.strategies.zero",
-    "partrain_edu.strategies.fsdp",
-    "partrain_edu.strategies.torch_fsdp",
-    "partrain_edu.strategies.hybrid",
-    "partrain_edu.strategies.context",
-    "partrain_edu.strategies.fsdp_tp",
-    "partrain_edu.strategies.mixed_precision",
-]
+def _load(name: str) -> None:
+    importlib.import_module(f"partrain_edu.strategies.{STRATEGY_MODULES[name]}")
 
 
 def strategies() -> dict[str, type[Strategy]]:
-    """Every registered strategy, by name, once each module of the index has been imported."""
-    for module in STRATEGY_MODULES:
-        importlib.import_module(module)
-    # in the index's order, whichever module a caller happened to import first (stable: a module's own order stays)
-    place = {module: i for i, module in enumerate(STRATEGY_MODULES)}
-    return dict(sorted(STRATEGIES.items(), key=lambda item: place.get(item[1].__module__, len(place))))
+    """Every registered strategy, by name, in the index's order (`train_checks.STRATEGY_MODULES`); imports them all."""
+    for name in STRATEGY_MODULES:
+        _load(name)
+    return {name: STRATEGIES[name] for name in STRATEGY_MODULES}
 
 
 def get_strategy(name: str) -> type[Strategy]:
-    known = strategies()
-    if name not in known:
-        raise ValueError(f"unknown strategy {name!r}; choose one of: {', '.join(known)}")
-    return known[name]
+    """The strategy registered as `name`, importing only its own module."""
+    if name not in STRATEGY_MODULES:
+        raise ValueError(f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGY_MODULES)}")
+    _load(name)
+    return STRATEGIES[name]
 
 
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch.nn.parallel import DistributedDataParallel
 
-from partrain_edu.comm.adapters import traced_allreduce_hook
+from partrain_edu.comm.ddp_hook import traced_allreduce_hook
 from partrain_edu.strategies.base import Strategy, register
 
 
