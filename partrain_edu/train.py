@@ -3,6 +3,7 @@
     partrain-edu train --strategy single --steps 20 --json
     partrain-edu train --strategy torch-ddp --nproc 2 --steps 20 --json
     torchrun --nproc-per-node 2 -m partrain_edu.train --strategy ddp --steps 20     (the ranks' side)
+    launch(TrainConfig("ddp", nproc=4)); launch_all([TrainConfig("ddp", nproc=4), TrainConfig("zero3", nproc=4)])
 
 The strategies (`partrain_edu.strategies`) build the model and take a step; this loop feeds every one the
 same global batches and measures, for the JSON report (the CLI contract):
@@ -21,7 +22,7 @@ import json
 import os
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -108,7 +109,7 @@ def launch(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None
 
 def _launch(cfg: TrainConfig, on_step: Callable[[int, float], None], echo: Callable[[int | None, str], None] | None,
             timeout: float | None) -> dict:
-    from partrain_edu.launcher import call_with_timeout, torchrun
+    from partrain_edu.launcher import call_with_timeout
 
     if cfg.nproc == 1 or get_strategy(cfg.strategy).in_process:
         torch.set_num_threads(1)  # as under torchrun (OMP_NUM_THREADS=1): the same numbers either way
@@ -119,6 +120,31 @@ def _launch(cfg: TrainConfig, on_step: Callable[[int, float], None], echo: Calla
         finally:
             runtime.shutdown()
 
+    return _on_ranks([cfg], on_step, echo, timeout)[0]
+
+
+def launch_all(cfgs: Sequence[TrainConfig], timeout: float | None = None) -> list[dict]:
+    """Train each of `cfgs` in turn on the same ranks, in one torchrun launch, and return their reports. Each run
+    re-creates the process group (and the emulated device) and re-seeds, so each report is `launch(cfg)`'s; the
+    ranks start, and import torch, once instead of once per run. The configs share one `nproc` above 1."""
+    from partrain_edu.launcher import check_timeout
+
+    timeout = check_timeout(timeout)
+    sizes = sorted({cfg.nproc for cfg in cfgs})
+    if len(sizes) != 1 or sizes[0] == 1 or any(get_strategy(cfg.strategy).in_process for cfg in cfgs):
+        raise ValueError(f"launch_all trains configs of one world size above 1 on the same ranks (got nproc "
+                         f"{sizes}): launch the others apart, with launch(cfg)")
+    for cfg in cfgs:
+        get_strategy(cfg.strategy).layout(cfg)
+        check_emulation(cfg)
+    with StepProgress(sum(cfg.steps for cfg in cfgs), f"{len(cfgs)} runs on {sizes[0]} ranks") as progress:
+        return _on_ranks(list(cfgs), lambda step, loss: progress.step(step + 1), None, timeout)
+
+
+def _on_ranks(cfgs: list[TrainConfig], on_step: Callable[[int, float], None],
+              echo: Callable[[int | None, str], None] | None, timeout: float | None) -> list[dict]:
+    from partrain_edu.launcher import torchrun
+
     def route(rank: int | None, text: str) -> None:
         if text.startswith(PROGRESS_TAG):
             _, step, _, loss = text.split()
@@ -126,34 +152,43 @@ def _launch(cfg: TrainConfig, on_step: Callable[[int, float], None], echo: Calla
         elif echo is not None:
             echo(rank, text)
 
-    result = torchrun("", nproc=cfg.nproc, module="partrain_edu.train", args=[*to_argv(cfg), "--progress"],
+    runs = json.dumps([to_argv(cfg) for cfg in cfgs])
+    result = torchrun("", nproc=cfgs[0].nproc, module="partrain_edu.train", args=["--progress", "--runs", runs],
                       echo=route, timeout=timeout)
-    return result.published["report"]
+    return result.published["reports"]
 
 
 # -- the rank-side entry point `launch` starts under torchrun ------------------------------------------
 
 
 def _rank_main() -> None:
+    # `--runs '[[flags...], ...]'` (launch_all) trains each flag list in turn; without it, the flags are one run.
+    # `--progress`: rank 0 prints one progress line per step, counted over all the runs.
+    head = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    head.add_argument("--runs")
+    head.add_argument("--progress", action="store_true")
+    args, rest = head.parse_known_args()
     parser = argparse.ArgumentParser(prog="python -m partrain_edu.train")
     add_train_arguments(parser)
-    parser.add_argument("--progress", action="store_true", help="rank 0 prints one progress line per step")
     # Under a bare torchrun, `--nproc` would be claimed by torchrun's own parser: default to the world size.
     parser.set_defaults(nproc=int(os.environ.get("WORLD_SIZE", 1)))
-    args = parser.parse_args()
-    cfg = config_from_args(args)
-    ctx = runtime.init(device=cfg.device)
-    runtime.seed_everything(cfg.seed)
+    cfgs = [config_from_args(parser.parse_args(argv)) for argv in (json.loads(args.runs) if args.runs else [rest])]
+    total, done, reports = sum(cfg.steps for cfg in cfgs), 0, []
+    for cfg in cfgs:
+        ctx = runtime.init(device=cfg.device)  # a fresh group, emulated clock and seed: as if launched alone
+        runtime.seed_everything(cfg.seed)
 
-    def progress(step: int, loss: float) -> None:
-        if args.progress:
-            runtime.print0(f"{PROGRESS_TAG} {step + 1} {cfg.steps} {loss:.6f}")
+        def progress(step: int, loss: float) -> None:
+            if args.progress:
+                runtime.print0(f"{PROGRESS_TAG} {done + step + 1} {total} {loss:.6f}")
 
-    report = run(ctx, cfg, on_step=progress)
+        reports.append(run(ctx, cfg, on_step=progress))
+        done += cfg.steps
     if os.environ.get(runtime.PUBLISH_DIR_ENV):
-        runtime.publish("report", report)  # back to `launch` in the parent process
-    else:  # started by a bare torchrun (e.g. across nodes): rank 0 prints the report
-        runtime.print0(json.dumps(report))
+        runtime.publish("reports", reports)  # back to `launch` or `launch_all` in the parent process
+    else:  # started by a bare torchrun (e.g. across nodes): rank 0 prints each report
+        for report in reports:
+            runtime.print0(json.dumps(report))
     runtime.shutdown()
 
 

@@ -122,3 +122,20 @@ def test_a_strategy_the_emulator_cannot_time_is_refused_before_it_starts():
     done = cli("train", "--strategy", "torch-ddp", "--nproc", "2", "--device", "emulated:a100", timeout=60)
     assert done.returncode == 2 and "torch-ddp cannot be timed on the emulated device" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_launch_all_gives_each_config_the_report_launch_gives_it():
+    from partrain_edu.config import TrainConfig
+    from partrain_edu.train import launch, launch_all
+
+    cfgs = [TrainConfig("ddp", nproc=2, steps=3, device="emulated:a100"), TrainConfig("zero3", nproc=2, steps=3),
+            TrainConfig("pp-1f1b", nproc=2, pp=2, microbatches=4, steps=3, device="emulated:a100")]
+    together, apart = launch_all(cfgs), [launch(cfg) for cfg in cfgs]
+    for one, alone in zip(together, apart):
+        assert (one["strategy"], one["losses"], one["comm"], one["state_bytes"]) == \
+            (alone["strategy"], alone["losses"], alone["comm"], alone["state_bytes"])
+    for i in (0, 2):   # the emulated device's clock starts afresh for each run
+        assert together[i]["step_time_s"] == pytest.approx(apart[i]["step_time_s"], rel=1e-3)
+        assert together[i]["emulated"]["compute_s"] == pytest.approx(apart[i]["emulated"]["compute_s"], rel=1e-9)
+    with pytest.raises(ValueError, match="one world size above 1"):
+        launch_all([cfgs[1], TrainConfig("ddp", nproc=4)])
