@@ -98,13 +98,17 @@ def launch(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None
     from partrain_edu.launcher import check_timeout
 
     timeout = check_timeout(timeout)
-    get_strategy(cfg.strategy).layout(cfg)  # every size check before a process starts
-    check_emulation(cfg)
+    _check_before_start(cfg)
     if on_step is not None:
         return _launch(cfg, on_step, echo, timeout)
     ranks = 1 if get_strategy(cfg.strategy).in_process else cfg.nproc
     with StepProgress(cfg.steps, f"{cfg.strategy} on {ranks} rank{'s' if ranks > 1 else ''}") as progress:
         return _launch(cfg, lambda step, loss: progress.step(step + 1), echo, timeout)
+
+
+def _check_before_start(cfg: TrainConfig) -> None:
+    get_strategy(cfg.strategy).layout(cfg)  # every size check before a process starts
+    check_emulation(cfg)
 
 
 def _launch(cfg: TrainConfig, on_step: Callable[[int, float], None], echo: Callable[[int | None, str], None] | None,
@@ -135,8 +139,7 @@ def launch_all(cfgs: Sequence[TrainConfig], timeout: float | None = None) -> lis
         raise ValueError(f"launch_all trains configs of one world size above 1 on the same ranks (got nproc "
                          f"{sizes}): launch the others apart, with launch(cfg)")
     for cfg in cfgs:
-        get_strategy(cfg.strategy).layout(cfg)
-        check_emulation(cfg)
+        _check_before_start(cfg)
     with StepProgress(sum(cfg.steps for cfg in cfgs), f"{len(cfgs)} runs on {sizes[0]} ranks") as progress:
         return _on_ranks(list(cfgs), lambda step, loss: progress.step(step + 1), None, timeout)
 

@@ -24,7 +24,6 @@ STRATEGY_MODULES = {
     "torch-pp-zb": "torch_pp", "zero1": "zero", "zero2": "zero", "zero3": "fsdp", "torch-fsdp": "torch_fsdp",
     "3d": "hybrid", "3d-mesh": "hybrid", "cp": "context", "fsdp-tp": "fsdp_tp", "torch-fsdp-tp": "fsdp_tp",
     "ddp-bf16": "mixed_precision", "zero3-bf16": "mixed_precision", "torch-fsdp-bf16": "mixed_precision"}
-STRATEGY_NAMES = tuple(STRATEGY_MODULES)
 MODEL = {"vocab_size": 128, "seq_len": 32, "n_layer": 4, "n_embd": 64, "n_head": 4}   # GPTConfig()'s sizes
 EMULATED = ("single", "ddp", "ddp-naive", "zero1", "zero2", "zero3", "tp", "tp-sp", "cp", "fsdp-tp")
 
@@ -150,8 +149,8 @@ def _rule(name: str):
 
 def check_train_arguments(cfg) -> None:
     """A one-line ValueError naming the fix, as the strategy's `layout` and `emulation.check` would raise."""
-    if cfg.strategy not in STRATEGY_NAMES:
-        raise ValueError(f"unknown strategy {cfg.strategy!r}; choose one of: {', '.join(STRATEGY_NAMES)}")
+    if cfg.strategy not in STRATEGY_MODULES:
+        raise ValueError(f"unknown strategy {cfg.strategy!r}; choose one of: {', '.join(STRATEGY_MODULES)}")
     _rule(cfg.strategy)(cfg.strategy, cfg)
     timed = cfg.strategy in EMULATED or cfg.strategy.startswith("pp-")
     if cfg.device != "cpu" and not timed:

@@ -13,12 +13,8 @@ import torch.distributed as dist
 
 def traced_allreduce_hook(process_group, bucket):  # -> Future[Tensor]; DDP rejects a string annotation
     """DDP comm hook with the semantics of PyTorch's default one (``default_hooks.allreduce_hook``): divide
-    the bucket by the world size, all-reduce it, hand back the averaged buffer.
-
-    PyTorch's DDP all-reduces gradient buckets in C++, where a tracer cannot see them. This hook makes the
-    same call through the ``torch.distributed.all_reduce`` attribute, so ``ddp.register_comm_hook(None,
-    traced_allreduce_hook)`` (or a process group instead of None) makes DDP's traffic visible to a CommTracer.
-    """
+    the bucket by the world size, all-reduce it through ``torch.distributed.all_reduce``, hand back the
+    averaged buffer."""
     group = process_group if process_group is not None else dist.group.WORLD
     tensor = bucket.buffer()
     tensor.div_(dist.get_world_size(group))       # divide first, as torch does, to avoid fp16 overflow
