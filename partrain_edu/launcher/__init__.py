@@ -6,7 +6,7 @@
 | `supervise`       | caller      | start the run's commands, read their lines, stop every process however it ends |
 | `options`, `output` | caller    | limits, the ranks' environment; `[rank k]` lines, `Run`, `TorchrunResult`        |
 | `processes`, `cgroup` | caller  | find every process of a run (PID-reuse safe) and kill it; the run's cgroup      |
-| `agent`           | torchrun    | `python -m partrain_edu.launcher.agent`: torchrun, dying with its caller          |
+| `agent`           | torchrun    | `python -m partrain_edu.launcher.agent`: torchrun, dying with its caller, forking the ranks |
 | `rank`, `call_records` | each rank | the wrapper every one-shot rank runs; the collective each rank is in, on disk |
 | `status_line`     | caller      | "starting 4 ranks… 8 s (2 of 4 up)" while a cell waits                           |
 | `warm/`           | both        | `%dist`: ranks kept between cells (`Pool`, its link, the ranks' loop)            |
@@ -27,8 +27,8 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
-    # Lazy: a rank's wrapper (`python -m partrain_edu.launcher.rank`) imports this package first and must not pay
-    # for the caller's side.
+    # Lazy: the agent and a rank's wrapper (`launcher.rank`) import this package first and must not pay for the
+    # caller's side.
     if name not in _EXPORTS:
         raise AttributeError(f"module 'partrain_edu.launcher' has no attribute {name!r}")
     return getattr(importlib.import_module(f"partrain_edu.launcher.{_EXPORTS[name]}"), name)

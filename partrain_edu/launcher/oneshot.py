@@ -27,6 +27,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
+from partrain_edu.launcher.agent import rank_target
 from partrain_edu.launcher.diagnose.oneshot import TorchrunError, failure, mismatch_error, timeout_error
 from partrain_edu.launcher.options import (DEFAULT_RUN_TIMEOUT_S, check_arguments, check_timeout, rank_environment,
                                            script_path)
@@ -40,12 +41,14 @@ T = TypeVar("T")
 def torchrun(code_or_path: str | os.PathLike, nproc: int = 2, timeout: float | None = DEFAULT_RUN_TIMEOUT_S,
              args: Sequence[str] = (), *, module: str | None = None, backend: str | None = None,
              show_rank: int | None = None, echo: Callable[[int | None, str], None] | None = print_echo,
-             env: dict[str, str] | None = None, started: Callable[[int], None] | None = None) -> TorchrunResult:
+             env: dict[str, str] | None = None, started: Callable[[int], None] | None = None,
+             preload: Sequence[str] = ()) -> TorchrunResult:
     """Run a script (a path, or source code as a string) or `module=` on `nproc` ranks under torchrun.
 
     Returns a `TorchrunResult`; raises `TorchrunError` when any rank fails, or when the run takes longer than
     `timeout` seconds (default 300; None: no limit, a deadlock in a collective still ends after 60 s).
     `started(k)` is told each time the number of ranks whose process has started grows (`status_line.py`).
+    `preload` names modules imported once, before the ranks are forked (`launcher.agent`), instead of on each.
     """
     timeout = check_arguments(nproc, timeout, show_rank)
     with tempfile.TemporaryDirectory(prefix="partrain_") as tmp:
@@ -58,9 +61,9 @@ def torchrun(code_or_path: str | os.PathLike, nproc: int = 2, timeout: float | N
         (run_dir / "argv.json").write_text(json.dumps([*target, *map(str, args)]))
         run = Run(nproc, run_dir, echo or (lambda rank, text: None), show_rank)
         command = [sys.executable, "-m", "partrain_edu.launcher.agent", str(os.getpid()),
-                   "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={run.run_id}",
+                   f"--preload={','.join(preload)}", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={run.run_id}",
                    "--nnodes=1", "--local-addr=127.0.0.1", f"--nproc-per-node={nproc}",
-                   "-m", "partrain_edu.launcher.rank", str(run_dir)]
+                   *rank_target("partrain_edu.launcher.rank", str(run_dir))]
         rank_env = rank_environment(run.run_id, run_dir / "published", timeout, env, backend)
         outcome = supervise([command], rank_env, run, timeout, [run.take], started)
         if outcome.timed_out:

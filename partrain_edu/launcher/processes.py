@@ -157,13 +157,15 @@ def stop(find: Callable[[], list[Proc]], grace_s: float) -> None:
         time.sleep(0.05)
 
 
-def die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int | None) -> None:
     """Have the kernel SIGKILL this process when the thread that started it ends (PR_SET_PDEATHSIG), and end now
-    if `parent` is gone already. For the agent, netem's nodes and the grader's sandbox; a no-op off Linux."""
+    if `parent` is gone already. For the agent, netem's nodes and the grader's sandbox; a no-op off Linux.
+    `parent=None` undoes it: a rank forked by torchrun (SIGINT when torchrun dies) outlives it, as an exec'd one
+    does, so that its watchdog is what stops the run (`launcher.rank`)."""
     if not sys.platform.startswith("linux"):
         return  # elsewhere the ranks' watchdogs are the only guard
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+    if libc.prctl(PR_SET_PDEATHSIG, 0 if parent is None else signal.SIGKILL, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent:  # the launcher died before the line above: nobody is waiting for this run
+    if parent is not None and os.getppid() != parent:  # the launcher died before the line above: nobody waits
         os._exit(1)

@@ -1,6 +1,6 @@
 """What each rank runs under the launcher: the user's script, with its output labelled and its error kept.
 
-    python -m partrain_edu.launcher.agent ... -m partrain_edu.launcher.rank RUN_DIR   (by launcher.oneshot)
+    python -m partrain_edu.launcher.agent ... --run-path --start-method=fork .../launcher/rank.py RUN_DIR  (oneshot)
 
 RUN_DIR/argv.json holds what to run: ["script.py", args...] or ["--module", "package.module", args...].
 
@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 import traceback
+from typing import Callable
 
 from partrain_edu.launcher import call_records, cgroup, processes
 
@@ -205,9 +206,19 @@ def _write_error(run_dir: str, rank: int, text: str, timed_out: bool) -> None:
         json.dump(record, f)
 
 
-if __name__ == "__main__":
+def run_as_worker(main: Callable[[list[str]], int]) -> None:
+    """Run `main(sys.argv[1:])` in a worker torchrun forked (`agent.rank_target`) as in a fresh process: torchrun's
+    signal handlers and parent-death signal undone (the watchdog, not torchrun's death, ends a rank), a session of
+    its own (as torchrun gives an exec'd rank). A failure exits at once; success returns: torchrun waits for the
+    worker's return value. No interpreter teardown either way: it can abort while Gloo's threads finish."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    processes.die_with_parent(None)
+    os.setsid()
     code = main(sys.argv[1:])
-    # Skip the interpreter's teardown: a Gloo worker thread still finishing the last collective while C++
-    # static destructors run aborts the process ("terminate called without an active exception") in a
-    # fraction of runs. Output is flushed and every file closed by now, so nothing is lost.
-    os._exit(code)
+    if code:
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    run_as_worker(main)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from partrain_edu.launcher.agent import rank_target
 from partrain_edu.launcher.diagnose.oneshot import failure, mismatch_error, timeout_error
 from partrain_edu.launcher.options import DEFAULT_RUN_TIMEOUT_S, check_timeout, rank_environment, script_path
 from partrain_edu.launcher.output import RANK_LINE, Run
@@ -162,7 +163,7 @@ class TwoNodes:
             rank_env = {**rank_environment(run.run_id, run_dir / "published", timeout, env),
                         "GLOO_SOCKET_IFNAME": links.INTERFACE}   # Gloo over the shaped veth, not loopback
             commands = [[sys.executable, "-m", "partrain_edu.netem._node", str(os.getpid()), f"node{n}", ns,
-                         *self._flags(n, nproc_per_node), "-m", "partrain_edu.launcher.rank", str(run_dir)]
+                         *self._flags(n, nproc_per_node), *rank_target("partrain_edu.launcher.rank", str(run_dir))]
                         for n, ns in enumerate(built.namespaces)]
             outcome = supervise(commands, rank_env, run, timeout, [nodes.taker(0), nodes.taker(1)],
                                 failed_grace_s=FAILED_NODE_GRACE_S)

@@ -4,7 +4,8 @@ sandbox.py as `unshare --mount --pid --ipc --net --fork --kill-child --mount-pro
 ranks of a multi-rank check talk over it; nothing else is reachable), then runs the command as the unprivileged
 sandbox user and exits with its status. The view: every folder in `hide` is covered by an empty tmpfs (the
 submissions, the grader's home, the repository with solutions/ and .git, and the world-writable /tmp, /var/tmp,
-/dev/shm, /run/lock — so submissions cannot leave files for each other); the folders in `readonly` (Python, the
+/dev/shm, /run/lock — so submissions cannot leave files for each other; `scratch` ones, /dev/shm where torchrun's
+forked ranks keep multiprocessing's semaphores, stay writable); the folders in `readonly` (Python, the
 venv, the package) and `writable` (this run's private folder) are then mounted back where they were, the first
 ones read-only, so a submission can neither change the grader nor read what it must not, whatever the file
 permissions say. Last, each package folder in `cover` is covered read-only by the view of view.py: the course's
@@ -27,6 +28,7 @@ import sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 32, 4096, 16384
 TMPFS_OPTIONS = "mode=0755,size=512m"
+SCRATCH_OPTIONS = "mode=1777,size=64m"  # a `scratch` folder: empty, private to this jail, but writable by the user
 MAX_PROCESSES = 2048  # per user (threads count): a fork bomb stops here; torch ranks use a few dozen
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -38,7 +40,8 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
         raise OSError(errno, f"mount {source} on {target}: {os.strerror(errno)}")
 
 
-def prepare_view(hide: list[str], readonly: list[str], writable: list[str], cover: list | None = None) -> None:
+def prepare_view(hide: list[str], readonly: list[str], writable: list[str], cover: list | None = None,
+                 scratch: list[str] | None = None) -> None:
     # Hold what must stay visible by file descriptor first: once a folder above it is covered, its path is
     # gone, but /proc/self/fd/N still names it, and binding that puts it back.
     kept = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY), path in readonly) for path in [*readonly, *writable]]
@@ -47,7 +50,8 @@ def prepare_view(hide: list[str], readonly: list[str], writable: list[str], cove
     for path in sorted(hide, key=len):
         if any(path == c or path.startswith(c.rstrip("/") + "/") for c in covered) or not os.path.isdir(path):
             continue  # already inside a covered folder, or nothing to hide
-        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, TMPFS_OPTIONS)
+        options = SCRATCH_OPTIONS if path in (scratch or ()) else TMPFS_OPTIONS
+        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, options)
         covered.append(path)
     for path, fd, read_only in kept:
         os.makedirs(path, exist_ok=True)
@@ -96,7 +100,7 @@ def main() -> None:
     with open(sys.argv[1]) as f:
         spec = json.load(f)
     try:
-        prepare_view(spec["hide"], spec["readonly"], spec["writable"], spec.get("cover"))
+        prepare_view(spec["hide"], spec["readonly"], spec["writable"], spec.get("cover"), spec.get("scratch"))
         loopback_up()
     except OSError as exc:
         print(f"jail: {exc}", file=sys.stderr)

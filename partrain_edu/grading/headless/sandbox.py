@@ -29,6 +29,7 @@ from partrain_edu.launcher import processes
 USER = "partrain-grader"
 PACKAGE = Path(partrain_edu.__file__).resolve().parent
 PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")  # world-writable: notes between submissions
+SCRATCH = ("/dev/shm",)  # of those, covered by one the sandbox user may write: multiprocessing's semaphores
 UNSHARE = ["--mount", "--pid", "--ipc", "--net", "--fork", "--kill-child", "--mount-proc", "--propagation", "private"]
 PROBE = """import json, os, sys
 import partrain_edu
@@ -82,6 +83,7 @@ class Isolation:
         with open(os.open(spec, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
             json.dump({"uid": self.uid, "gid": self.gid, "hide": list(self.hide), "readonly": list(self.readonly),
                        "writable": [str(work)], "cover": [list(c) for c in self.cover], "cwd": str(work),
+                       "scratch": list(SCRATCH),
                        "argv": argv, "env": env}, f)
         jail = "partrain_edu.grading.headless.jail"
         command = [self.unshare, *UNSHARE, sys.executable, "-I", "-m", jail, str(spec)]

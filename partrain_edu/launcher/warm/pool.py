@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from partrain_edu.launcher import processes
+from partrain_edu.launcher.agent import rank_target
 from partrain_edu.launcher.diagnose import findings
 from partrain_edu.launcher.diagnose import warm as diagnosis
 from partrain_edu.launcher.diagnose.oneshot import torchrun_exit_codes
@@ -97,7 +98,7 @@ class Pool:
     def _command(self) -> list[str]:
         return [sys.executable, "-m", "partrain_edu.launcher.agent", str(os.getpid()), "--rdzv-backend=c10d",
                 "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={self.run_id}", "--nnodes=1", "--local-addr=127.0.0.1",
-                f"--nproc-per-node={self.nproc}", "-m", "partrain_edu.launcher.warm.rank_loop", str(self.dir)]
+                f"--nproc-per-node={self.nproc}", *rank_target("partrain_edu.launcher.warm.rank_loop", str(self.dir))]
 
     def _rank_env(self) -> dict[str, str]:
         """As `launcher.oneshot` sets it (`options.rank_environment`)."""

@@ -1,6 +1,6 @@
 """What each warm rank runs: a loop that executes cell after cell in one namespace, for `launcher.warm.pool.Pool`.
 
-    python -m partrain_edu.launcher.agent ... -m partrain_edu.launcher.warm.rank_loop POOL_DIR   (by warm.pool)
+    python -m partrain_edu.launcher.agent ... --run-path ... .../launcher/warm/rank_loop.py POOL_DIR   (warm.pool)
 
 The rank connects to the pool's Unix socket POOL_DIR/control.sock and says hello (its rank and pid). Then each
 message is a cell: its code runs with `exec` in a fresh `__main__` module, the same for every cell, so variables
@@ -159,5 +159,4 @@ def describe(exc: BaseException) -> dict:
 
 
 if __name__ == "__main__":
-    code = main(sys.argv[1:])
-    os._exit(code)  # as in partrain_edu.launcher.rank: skip the teardown that can abort under Gloo's threads
+    rank_side.run_as_worker(main)
