@@ -84,6 +84,29 @@ def test_all_ranks_run_and_rank0_publishes():
     assert result.wall_s > 0
 
 
+FORKED = """
+import ctypes, faulthandler, json, os, signal, sys
+had = {m: m in sys.modules for m in ("torch", "torch._dynamo")}  # before this script imported anything
+pdeathsig = ctypes.c_int(-1)
+ctypes.CDLL(None).prctl(2, ctypes.byref(pdeathsig), 0, 0, 0)  # PR_GET_PDEATHSIG
+print(json.dumps({**had, "own_session": os.getsid(0) == os.getpid(), "pdeathsig": pdeathsig.value,
+                  "faulthandler": faulthandler.is_enabled(),
+                  "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL}), flush=True)
+os._exit(0)  # no return to torchrun: still a clean finish, as in a process of its own
+"""
+
+
+def test_ranks_are_forked_with_torch_imported_and_start_as_processes_of_their_own():
+    # torch is imported once, by torchrun's process, and `preload` adds to it; each rank then undoes what it
+    # inherited from torchrun: its signal handlers, fault handler, parent-death signal and session
+    plain, preloaded = (torchrun(FORKED, nproc=2, echo=None, preload=p).outputs for p in ((), ["torch._dynamo"]))
+    fresh = {"own_session": True, "sigterm_default": True, "pdeathsig": 0, "faulthandler": False}
+    assert {r: json.loads(text) for r, text in plain.items()} == \
+        {r: {"torch": True, "torch._dynamo": False, **fresh} for r in range(2)}
+    assert {r: json.loads(text) for r, text in preloaded.items()} == \
+        {r: {"torch": True, "torch._dynamo": True, **fresh} for r in range(2)}
+
+
 def test_show_rank_streams_only_that_rank_but_keeps_all_outputs():
     lines = []
     result = torchrun(ALL_REDUCE, nproc=2, show_rank=1, echo=lambda r, t: lines.append(r))

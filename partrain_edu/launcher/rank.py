@@ -18,6 +18,7 @@ Four small jobs, so that the notebook can show one clear story and nothing outli
 """
 from __future__ import annotations
 
+import faulthandler
 import gc
 import json
 import os
@@ -202,17 +203,22 @@ def _destroy_process_group() -> None:
 
 def _write_error(run_dir: str, rank: int, text: str, timed_out: bool) -> None:
     record = {"rank": rank, "time": time.time(), "traceback": text, "timed_out": timed_out}
-    with open(os.path.join(run_dir, f"rank{rank}.error"), "w") as f:
+    path = os.path.join(run_dir, f"rank{rank}.error")
+    with open(path + ".tmp", "w") as f:
         json.dump(record, f)
+    os.replace(path + ".tmp", path)  # whole or not at all: torchrun may kill this rank mid-write
 
 
 def run_as_worker(main: Callable[[list[str]], int]) -> None:
     """Run `main(sys.argv[1:])` in a worker torchrun forked (`agent.rank_target`) as in a fresh process: torchrun's
-    signal handlers and parent-death signal undone (the watchdog, not torchrun's death, ends a rank), a session of
-    its own (as torchrun gives an exec'd rank). A failure exits at once; success returns: torchrun waits for the
-    worker's return value. No interpreter teardown either way: it can abort while Gloo's threads finish."""
+    signal handlers, fault handler and parent-death signal undone (the watchdog, not torchrun's death, ends a
+    rank), a session of its own (as torchrun gives an exec'd rank). A failure exits at once; success returns:
+    torchrun waits for the worker's return value. No interpreter teardown either way: it can abort while Gloo's
+    threads finish."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if not (os.environ.get("PYTHONFAULTHANDLER") or "faulthandler" in sys._xoptions):
+        faulthandler.disable()  # torchrun's error handler turned it on: a crash would print every thread's stack
     processes.die_with_parent(None)
     os.setsid()
     code = main(sys.argv[1:])
