@@ -28,6 +28,7 @@ import importlib.util
 import os
 import socket
 import sys
+from typing import Sequence
 
 from partrain_edu.launcher import cgroup
 from partrain_edu.launcher.processes import die_with_parent
@@ -53,6 +54,15 @@ def serve_on_loopback_only() -> None:
     # Both places torchrun creates stores from: the rendezvous backend, and the store it shares with the ranks.
     dist.TCPStore = LoopbackTCPStore
     c10d_rendezvous_backend.TCPStore = LoopbackTCPStore
+
+
+def command(run_id: str, nproc: int, module: str, *args: str, preload: Sequence[str] = ()) -> list[str]:
+    """This process's command line for a one-node run of `nproc` ranks, each running the wrapper `module` with
+    `args` (`rank_target`), on a fresh rendezvous on a free port of 127.0.0.1 (one-shot runs, warm pools)."""
+    return [sys.executable, "-m", "partrain_edu.launcher.agent", str(os.getpid()),
+            *([f"--preload={','.join(preload)}"] if preload else []), "--rdzv-backend=c10d",
+            "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={run_id}", "--nnodes=1", "--local-addr=127.0.0.1",
+            f"--nproc-per-node={nproc}", *rank_target(module, *args)]
 
 
 def rank_target(module: str, *args: str) -> list[str]:
@@ -84,8 +94,8 @@ def main(argv: list[str]) -> None:
     die_with_parent(int(argv[0]))
     cgroup.join(os.environ.get(cgroup.ENV))  # before any rank starts: all they start stays in the run's cgroup
     rest = argv[1:]
-    if rest and rest[0].startswith("--preload="):
-        for module in filter(None, rest.pop(0).split("=", 1)[1].split(",")):
+    if rest[0].startswith("--preload="):
+        for module in rest.pop(0).split("=", 1)[1].split(","):
             importlib.import_module(module)
     serve_on_loopback_only()
     finish_ranks_that_exit_without_returning()

@@ -21,13 +21,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
-from partrain_edu.launcher.agent import rank_target
+from partrain_edu.launcher import agent
 from partrain_edu.launcher.diagnose.oneshot import TorchrunError, failure, mismatch_error, timeout_error
 from partrain_edu.launcher.options import (DEFAULT_RUN_TIMEOUT_S, check_arguments, check_timeout, rank_environment,
                                            script_path)
@@ -60,10 +59,7 @@ def torchrun(code_or_path: str | os.PathLike, nproc: int = 2, timeout: float | N
         target = ["--module", module] if module is not None else [script]
         (run_dir / "argv.json").write_text(json.dumps([*target, *map(str, args)]))
         run = Run(nproc, run_dir, echo or (lambda rank, text: None), show_rank)
-        command = [sys.executable, "-m", "partrain_edu.launcher.agent", str(os.getpid()),
-                   f"--preload={','.join(preload)}", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={run.run_id}",
-                   "--nnodes=1", "--local-addr=127.0.0.1", f"--nproc-per-node={nproc}",
-                   *rank_target("partrain_edu.launcher.rank", str(run_dir))]
+        command = agent.command(run.run_id, nproc, "partrain_edu.launcher.rank", str(run_dir), preload=preload)
         rank_env = rank_environment(run.run_id, run_dir / "published", timeout, env, backend)
         outcome = supervise([command], rank_env, run, timeout, [run.take], started)
         if outcome.timed_out:

@@ -157,15 +157,24 @@ def stop(find: Callable[[], list[Proc]], grace_s: float) -> None:
         time.sleep(0.05)
 
 
-def die_with_parent(parent: int | None) -> None:
+def die_with_parent(parent: int) -> None:
     """Have the kernel SIGKILL this process when the thread that started it ends (PR_SET_PDEATHSIG), and end now
-    if `parent` is gone already. For the agent, netem's nodes and the grader's sandbox; a no-op off Linux.
-    `parent=None` undoes it: a rank forked by torchrun (SIGINT when torchrun dies) outlives it, as an exec'd one
-    does, so that its watchdog is what stops the run (`launcher.rank`)."""
+    if `parent` is gone already. For the agent, netem's nodes and the grader's sandbox; a no-op off Linux."""
+    if _set_parent_death_signal(signal.SIGKILL) and os.getppid() != parent:
+        os._exit(1)  # the launcher died before the line above: nobody is waiting for this run
+
+
+def outlive_parent() -> None:
+    """Undo a parent-death signal: a rank torchrun forked (which asks for SIGINT when torchrun dies) outlives it,
+    as an exec'd one does, so that its watchdog is what stops the run (`launcher.rank`)."""
+    _set_parent_death_signal(0)
+
+
+def _set_parent_death_signal(sig: int) -> bool:
+    """prctl(PR_SET_PDEATHSIG, sig); False off Linux, where the ranks' watchdogs are the only guard."""
     if not sys.platform.startswith("linux"):
-        return  # elsewhere the ranks' watchdogs are the only guard
+        return False
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, 0 if parent is None else signal.SIGKILL, 0, 0, 0) != 0:
+    if libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if parent is not None and os.getppid() != parent:  # the launcher died before the line above: nobody waits
-        os._exit(1)
+    return True

@@ -219,7 +219,7 @@ def run_as_worker(main: Callable[[list[str]], int]) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if not (os.environ.get("PYTHONFAULTHANDLER") or "faulthandler" in sys._xoptions):
         faulthandler.disable()  # torchrun's error handler turned it on: a crash would print every thread's stack
-    processes.die_with_parent(None)
+    processes.outlive_parent()
     os.setsid()
     code = main(sys.argv[1:])
     if code:

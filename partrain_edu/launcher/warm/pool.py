@@ -22,7 +22,6 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import threading
 import time
@@ -30,8 +29,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from partrain_edu.launcher import processes
-from partrain_edu.launcher.agent import rank_target
+from partrain_edu.launcher import agent, processes
 from partrain_edu.launcher.diagnose import findings
 from partrain_edu.launcher.diagnose import warm as diagnosis
 from partrain_edu.launcher.diagnose.oneshot import torchrun_exit_codes
@@ -84,7 +82,8 @@ class Pool:
         try:
             listener.bind(str(self.dir / rank_loop.SOCKET_NAME))
             listener.listen(self.nproc)
-            self._link = Link(self._command(), self._rank_env(), listener)
+            command = agent.command(self.run_id, self.nproc, "partrain_edu.launcher.warm.rank_loop", str(self.dir))
+            self._link = Link(command, self._rank_env(), listener)
             self._accept(started)
             prelude = self._run(PRELUDE, None, self.timeout, self.echo)
             self.backend, self.start_outputs = prelude.published["backend"], prelude.outputs
@@ -94,11 +93,6 @@ class Pool:
             if isinstance(error, DistError):
                 error.args = (f"the warm ranks could not start: {error}",)
             raise
-
-    def _command(self) -> list[str]:
-        return [sys.executable, "-m", "partrain_edu.launcher.agent", str(os.getpid()), "--rdzv-backend=c10d",
-                "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={self.run_id}", "--nnodes=1", "--local-addr=127.0.0.1",
-                f"--nproc-per-node={self.nproc}", *rank_target("partrain_edu.launcher.warm.rank_loop", str(self.dir))]
 
     def _rank_env(self) -> dict[str, str]:
         """As `launcher.oneshot` sets it (`options.rank_environment`)."""
