@@ -3,6 +3,7 @@ with nothing left running."""
 import _thread
 import json
 import os
+import signal
 import threading
 import time
 import uuid
@@ -105,6 +106,30 @@ def test_ranks_are_forked_with_torch_imported_and_start_as_processes_of_their_ow
         {r: {"torch": True, "torch._dynamo": False, **fresh} for r in range(2)}
     assert {r: json.loads(text) for r, text in preloaded.items()} == \
         {r: {"torch": True, "torch._dynamo": True, **fresh} for r in range(2)}
+
+
+def _exit_with_1():
+    os._exit(1)
+
+
+def _killed():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_torchrun_reports_every_forked_rank_that_failed_not_only_the_first_it_polled(monkeypatch, tmp_path):
+    # Both ranks are dead before torchrun's first look: its fork path would name only the first it polls (rank 0,
+    # whose exit 1 is a peer's consequence in a real run), and the diagnosis needs rank 1's SIGKILL to blame it.
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, api, start_processes
+
+    from partrain_edu.launcher import agent
+
+    monkeypatch.setattr(api.MultiprocessContext, "_poll", api.MultiprocessContext._poll)  # undone after the test
+    agent.poll_forked_ranks_as_exec_ones()
+    ranks = start_processes("two", lambda rank: (_exit_with_1, _killed)[rank](), {0: (0,), 1: (1,)}, {0: {}, 1: {}},
+                            DefaultLogsSpecs(log_dir=str(tmp_path)), start_method="fork")
+    [process.join() for process in ranks._pc.processes]
+    result = ranks.wait(timeout=10)
+    assert {rank: failure.exitcode for rank, failure in result.failures.items()} == {0: 1, 1: -signal.SIGKILL}
 
 
 def test_show_rank_streams_only_that_rank_but_keeps_all_outputs():

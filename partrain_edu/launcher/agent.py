@@ -19,7 +19,7 @@ Also, before any rank starts, it joins the run's cgroup where the launcher could
 The ranks are forked from this process (torchrun's `--run-path`: the script runs in workers started with
 `--start-method`): torch, imported once here, is already in every rank, which saves each rank ~2 s of imports.
 `--preload` imports more before the fork (`torch._dynamo`, which any torch optimizer imports on first use).
-A forked rank that exits with 0 without returning has finished, as an exec'd one has (torchrun alone would wait).
+Forked ranks are polled as exec'd ones are: exit 0 finishes a rank, and a failure names every failed rank.
 """
 from __future__ import annotations
 
@@ -71,20 +71,30 @@ def rank_target(module: str, *args: str) -> list[str]:
     return ["--run-path", "--start-method=fork", os.path.abspath(importlib.util.find_spec(module).origin), *args]
 
 
-def finish_ranks_that_exit_without_returning() -> None:
-    """A forked rank has finished when it exits with code 0, returned or not (`os._exit(0)` in a script), as an
-    exec'd rank has; torchrun's fork path alone would wait for its return value for ever."""
+def poll_forked_ranks_as_exec_ones() -> None:
+    """torchrun's fork path differs from its exec path in two ways, undone here. A rank that exits with 0 without
+    returning (`os._exit(0)` in a script) has finished; the fork path alone would wait for its return value for
+    ever. And a failure names every rank that had failed, not only the first one polled: a rank killed by a
+    signal is the cause even when a peer's "connection closed" happened to be polled first (`diagnose.oneshot`)."""
+    import signal
+
     from torch.distributed.elastic.multiprocessing import api
 
     poll = api.MultiprocessContext._poll
 
     def _poll(self):
+        processes = self._pc.processes if self._pc is not None else []
         result = poll(self)
-        if result is None and self._pc is not None and all(
-                rank in self._return_values or proc.exitcode == 0 for rank, proc in enumerate(self._pc.processes)):
+        if result is None and processes and all(
+                rank in self._return_values or proc.exitcode == 0 for rank, proc in enumerate(processes)):
             for rank in range(self.nprocs):
                 self._return_values.setdefault(rank, None)
             result = poll(self)  # now done: torchrun lets the waiting ranks go and reports success
+        if result is not None and result.failures:
+            # By now torchrun has stopped every survivor with SIGTERM: those are not failures of their own.
+            for rank, proc in enumerate(processes):
+                if rank not in result.failures and proc.exitcode not in (None, 0, -signal.SIGTERM):
+                    result.failures[rank] = api.ProcessFailure(rank, proc.pid, proc.exitcode, self.error_files[rank])
         return result
 
     api.MultiprocessContext._poll = _poll
@@ -98,7 +108,7 @@ def main(argv: list[str]) -> None:
         for module in rest.pop(0).split("=", 1)[1].split(","):
             importlib.import_module(module)
     serve_on_loopback_only()
-    finish_ranks_that_exit_without_returning()
+    poll_forked_ranks_as_exec_ones()
     from torch.distributed.run import main as torchrun_main
 
     torchrun_main(rest)
