@@ -74,15 +74,17 @@ print("unreachable for rank 0")
 """
 
 
-def test_all_ranks_run_and_rank0_publishes():
+def test_all_ranks_run_and_rank0_publishes_and_torchrun_leaves_no_files(tmp_path):
     lines = []
-    result = torchrun(ALL_REDUCE, nproc=3, args=["--lr", "0.1"], echo=lambda r, t: lines.append((r, t)))
+    result = torchrun(ALL_REDUCE, nproc=3, args=["--lr", "0.1"], echo=lambda r, t: lines.append((r, t)),
+                      env={"TMPDIR": str(tmp_path)})  # where torchrun and the ranks put temporary files
     assert result.returncode == 0
     assert result.published == {"total": 6.0, "world": 3}
     for rank in range(3):
         assert result.outputs[rank] == f"rank {rank} of 3 sees 6; args ['--lr', '0.1']\n"
     assert sorted(lines) == [(r, f"rank {r} of 3 sees 6; args ['--lr', '0.1']") for r in range(3)]
     assert result.wall_s > 0
+    assert list(tmp_path.iterdir()) == []  # torchrun's logs went with the run's folder, not to a torchelastic_*
 
 
 FORKED = """
@@ -125,10 +127,16 @@ def test_torchrun_reports_every_forked_rank_that_failed_not_only_the_first_it_po
 
     monkeypatch.setattr(api.MultiprocessContext, "_poll", api.MultiprocessContext._poll)  # undone after the test
     agent.poll_forked_ranks_as_exec_ones()
-    ranks = start_processes("two", lambda rank: (_exit_with_1, _killed)[rank](), {0: (0,), 1: (1,)}, {0: {}, 1: {}},
-                            DefaultLogsSpecs(log_dir=str(tmp_path)), start_method="fork")
-    [process.join() for process in ranks._pc.processes]
-    result = ranks.wait(timeout=10)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
+    try:  # torchrun's start() installs its own handlers in this process: this worker's next tests need theirs
+        ranks = start_processes("two", lambda rank: (_exit_with_1, _killed)[rank](), {0: (0,), 1: (1,)},
+                                {0: {}, 1: {}}, DefaultLogsSpecs(log_dir=str(tmp_path)), start_method="fork")
+        for process in ranks._pc.processes:
+            process.join()
+        result = ranks.wait(timeout=10)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     assert {rank: failure.exitcode for rank, failure in result.failures.items()} == {0: 1, 1: -signal.SIGKILL}
 
 
