@@ -4,6 +4,8 @@ import _thread
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -108,6 +110,31 @@ def test_ranks_are_forked_with_torch_imported_and_start_as_processes_of_their_ow
         {r: {"torch": True, "torch._dynamo": False, **fresh} for r in range(2)}
     assert {r: json.loads(text) for r, text in preloaded.items()} == \
         {r: {"torch": True, "torch._dynamo": True, **fresh} for r in range(2)}
+
+
+SERVED = """
+import json, os, sys
+agent = os.getppid()  # the rank was forked by its agent
+server = int(open(f"/proc/{agent}/stat").read().rsplit(")", 1)[1].split()[1])
+environ = open(f"/proc/{agent}/environ", "rb").read().split(b"\\0")
+print(json.dumps({"server": server, "cmdline": open(f"/proc/{server}/cmdline").read().split("\\0")[:3],
+                  "marked": f"{sys.argv[1]}={os.environ[sys.argv[1]]}".encode() in environ,
+                  "hash": hash("partrain")}), flush=True)
+"""
+
+
+def test_each_agent_is_forked_by_a_server_yet_looks_like_an_exec_d_one():
+    # One server per kind of interpreter: two launches share one; a different PYTHONHASHSEED (read when Python
+    # starts) gets a server of its own. Each agent shows its run's environment in /proc, where runs are found.
+    marker, env = new_marker()
+    runs = [json.loads(torchrun(SERVED, nproc=1, args=[MARKER_ENV], echo=None, env={**env, **more}).outputs[0])
+            for more in ({}, {}, {"PYTHONHASHSEED": "7"})]
+    seeded = subprocess.run([sys.executable, "-c", "print(hash('partrain'))"], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONHASHSEED": "7"}).stdout
+    assert all(run["marked"] for run in runs)
+    assert runs[0]["cmdline"][1:] == ["-m", "partrain_edu.launcher.agent_server"]
+    assert runs[0]["server"] == runs[1]["server"] != runs[2]["server"]
+    assert runs[2]["hash"] == int(seeded)
 
 
 def _exit_with_1():

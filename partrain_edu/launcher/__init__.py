@@ -7,6 +7,7 @@
 | `options`, `output` | caller    | limits, the ranks' environment; `[rank k]` lines, `Run`, `TorchrunResult`        |
 | `processes`, `cgroup` | caller  | find every process of a run (PID-reuse safe) and kill it; the run's cgroup      |
 | `agent`           | torchrun    | torchrun, forking the ranks from itself and dying with its caller               |
+| `agent_server`    | caller/own  | one process that imported torch and forks each launch's agent (~10 ms, not 2 s) |
 | `rank`, `call_records` | each rank | the wrapper every one-shot rank runs; the collective each rank is in, on disk |
 | `status_line`     | caller      | "starting 4 ranks… 8 s (2 of 4 up)" while a cell waits                           |
 | `warm/`           | both        | `%dist`: ranks kept between cells (`Pool`, its link, the ranks' loop)            |

@@ -1,12 +1,13 @@
-"""The torchrun process that `launcher.oneshot` starts: torch's own `torch.distributed.run`, plus two things its
-command line cannot ask for.
+"""The torchrun process of each launch (forked by `agent_server`, or started afresh): torch's own
+`torch.distributed.run`, plus two things its command line cannot ask for.
 
-    python -m partrain_edu.launcher.agent LAUNCHER_PID [--preload=M,...] [torchrun options] \
+    python -m partrain_edu.launcher.agent PARENT_PID [--preload=M,...] [torchrun options] \
         --log-dir=RUN_DIR/torchelastic --run-path --start-method=fork .../launcher/rank.py RUN_DIR (`rank_target`)
 
-1. It dies with the launcher. PR_SET_PDEATHSIG has the kernel SIGKILL it as soon as the launcher thread that
-   started it ends, however that ends (SIGTERM, SIGHUP from a closed terminal, the OOM killer); that thread is
-   blocked in `torchrun()` for the whole run (a warm pool, `launcher.warm.pool`, keeps a thread waiting on it).
+1. It dies with the launcher. PR_SET_PDEATHSIG has the kernel SIGKILL it as soon as its parent ends: the
+   launcher thread that started it, blocked in `torchrun()` for the whole run (a warm pool, `launcher.warm.pool`,
+   keeps a thread waiting on it), or the `agent_server`, which ends with the launcher and kills an agent whose
+   launch hung up; however that ends (SIGTERM, SIGHUP from a closed terminal, the OOM killer).
    SIGKILL rather than SIGTERM: torchrun's own SIGTERM clean-up would kill the ranks before their watchdogs
    (`launcher.rank`) could kill what the ranks started in other sessions; the watchdogs notice the launcher
    is gone and kill the whole run.

@@ -2,7 +2,8 @@
 
 Every process of a launch (torchrun, each rank, whatever a rank starts) inherits `PARTRAIN_RUN_ID=<fresh id>` in
 its environment, so "the processes of this run" is a scan of /proc: it finds them whatever session or process group
-they moved to and whoever their parent is now. A process that cleared its environment is still found while it
+they moved to and whoever their parent is now (an agent forked by `agent_server` writes its launch's environment
+where /proc shows it: `take_environment`). A process that cleared its environment is still found while it
 descends from one that did not; one that also left that ancestry (a double fork) is not, and only the run's
 cgroup (`cgroup.py`, where the machine allows one) still holds it.
 
@@ -178,3 +179,20 @@ def _set_parent_death_signal(sig: int) -> bool:
     if libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     return True
+
+
+def take_environment(env: dict[str, str]) -> None:
+    """Make `env` this process's environment, in `os.environ` and in the block /proc/PID/environ shows (a fork
+    keeps its parent's; `agent_server` left room for a launch's). The block is no longer libc's once every
+    variable has been set anew, so it can be written over (through /proc/self/mem, which a process may write)."""
+    os.environ.clear()
+    os.environ.update(env)
+    with open("/proc/self/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    start, end = int(fields[47]), int(fields[48])  # env_start, env_end (proc(5))
+    block = b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items())
+    if len(block) > end - start:
+        raise OSError(f"the environment ({len(block)} bytes) does not fit the server's room ({end - start} bytes)")
+    with open("/proc/self/mem", "r+b", buffering=0) as mem:
+        mem.seek(start)
+        mem.write(block + b"\0" * (end - start - len(block)))

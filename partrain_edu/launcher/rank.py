@@ -101,10 +101,12 @@ def _watch_launcher(run_dir: str) -> None:
         while processes.is_running(launcher):
             time.sleep(WATCH_S)
         # First the launcher's temporary folder (nobody else will remove it): the ranks' watchdogs race, and each
-        # reaches the killing below only after removing it.
+        # reaches the killing below only after removing it. Then the run's cgroup, at once, before the scan: the
+        # watchdogs wake together, and each one's scan kills the other ranks, whose watchdogs may not have got
+        # that far (a daemon only the cgroup holds would outlive them all).
         shutil.rmtree(run_dir, ignore_errors=True)
+        cgroup.kill_from_inside(os.environ.get(cgroup.ENV))  # what escaped the scan, and the other ranks
         processes.stop(lambda: processes.run_members(run_id), grace_s=0.0)  # torchrun, every rank, what they started
-        cgroup.kill_from_inside(os.environ.get(cgroup.ENV))  # and what escaped the scan, this rank with it
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="partrain-watchdog", daemon=True).start()

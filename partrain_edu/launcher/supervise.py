@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from partrain_edu.launcher import cgroup, processes
+from partrain_edu.launcher import agent_server, cgroup, processes
 from partrain_edu.launcher.diagnose import findings
 from partrain_edu.launcher.diagnose.oneshot import TorchrunInterrupted
 from partrain_edu.launcher.options import KILL_GRACE_S
@@ -38,14 +38,13 @@ def supervise(commands: list[list[str]], env: dict[str, str], run: Run, timeout:
     start = time.perf_counter()
     run.cgroup = cgroup.create(run.run_id)  # where allowed: what escapes the /proc scan stays in it (cgroup.py)
     env = {**env, cgroup.ENV: run.cgroup} if run.cgroup else env
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen | agent_server.Forked] = []
     readers: list[Lines] = []
     deadline = None if timeout is None else start + timeout
     timed_out, mismatch, watch, failed_at, up = False, None, findings.Watch(run.run_dir, run.nproc), None, 0
     try:
         for command, take in zip(commands, takes):
-            procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True))
+            procs.append(agent_server.popen(command, env))  # an agent is forked by a server that imported torch
             readers.append(Lines(procs[-1].stdout.fileno(), take))  # type: ignore[union-attr]
         while any(p.poll() is None for p in procs) and not timed_out and mismatch is None:
             now = time.perf_counter()
@@ -76,7 +75,7 @@ def supervise(commands: list[list[str]], env: dict[str, str], run: Run, timeout:
     return Outcome([p.returncode for p in procs], time.perf_counter() - start, timed_out, mismatch)
 
 
-def stop(procs: list[subprocess.Popen], run: Any) -> None:
+def stop(procs: list[subprocess.Popen | agent_server.Forked], run: Any) -> None:
     """End the commands, every rank and everything they started: SIGTERM, then SIGKILL after KILL_GRACE_S."""
     for proc in procs:
         if proc.poll() is None:

@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from partrain_edu.launcher import cgroup, processes
+from partrain_edu.launcher import agent_server, cgroup, processes
 from partrain_edu.launcher.diagnose.warm import Cell
 from partrain_edu.launcher.options import KILL_GRACE_S
 from partrain_edu.launcher.output import RANK_LINE, Lines
@@ -149,7 +149,7 @@ class Link:
             self.listener.close()
 
 
-def _spawn(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+def _spawn(command: list[str], env: dict[str, str]) -> subprocess.Popen | agent_server.Forked:
     """Start torchrun from a thread that waits for it, and so lives exactly as long as it."""
     started: list = []
     ready = threading.Event()
@@ -157,12 +157,11 @@ def _spawn(command: list[str], env: dict[str, str]) -> subprocess.Popen:
     def keep() -> None:
         try:
             # A session of its own: the kernel's interrupt (SIGINT to its process group) is ours to pass on.
-            started.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True))
+            started.append(agent_server.popen(command, env))
         except BaseException as error:  # noqa: BLE001 - handed to the caller
             started.append(error)
         ready.set()
-        if isinstance(started[0], subprocess.Popen):
+        if not isinstance(started[0], BaseException):
             started[0].wait()
 
     threading.Thread(target=keep, name="partrain-warm-torchrun", daemon=True).start()
