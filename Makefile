@@ -44,8 +44,10 @@ lab: install
 refresh: install
 	$(SYNC) refresh
 
+# Three workers on two cores: the tests wait a good part of their time (emulated devices keep wall-clock rhythm,
+# failure tests wait for timeouts), and a third file's work fills it. A test's verdict never depends on load.
 test: install browser
-	$(BIN)/python -m pytest tests notebooks $(NBVAL) -n 2 --dist loadfile --durations=25
+	$(BIN)/python -m pytest tests notebooks $(NBVAL) -n 3 --dist loadfile --durations=25
 
 # The browser test drives Debian's Chromium (Playwright's own browser download is not used), and the notebooks'
 # Chinese terms need a CJK font there (fonts-noto-cjk; without one each character is an empty box). Each is
