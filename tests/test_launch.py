@@ -123,9 +123,13 @@ print(json.dumps({"server": server, "cmdline": open(f"/proc/{server}/cmdline").r
 """
 
 
-def test_each_agent_is_forked_by_a_server_yet_looks_like_an_exec_d_one():
+def test_each_agent_is_forked_by_a_server_yet_looks_like_an_exec_d_one(monkeypatch):
     # One server per kind of interpreter: two launches share one; a different PYTHONHASHSEED (read when Python
-    # starts) gets a server of its own. Each agent shows its run's environment in /proc, where runs are found.
+    # starts) gets a server of its own, and with room for one server only, the first one ends. Each agent shows
+    # its run's environment in /proc, where runs are found.
+    from partrain_edu.launcher import agent_server, processes
+
+    monkeypatch.setattr(agent_server, "MAX_SERVERS", 1)
     marker, env = new_marker()
     runs = [json.loads(torchrun(SERVED, nproc=1, args=[MARKER_ENV], echo=None, env={**env, **more}).outputs[0])
             for more in ({}, {}, {"PYTHONHASHSEED": "7"})]
@@ -135,6 +139,10 @@ def test_each_agent_is_forked_by_a_server_yet_looks_like_an_exec_d_one():
     assert runs[0]["cmdline"][1:] == ["-m", "partrain_edu.launcher.agent_server"]
     assert runs[0]["server"] == runs[1]["server"] != runs[2]["server"]
     assert runs[2]["hash"] == int(seeded)
+    deadline = time.monotonic() + 10
+    while processes.read(runs[0]["server"]) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes.read(runs[0]["server"]) is None  # the first server, retired, has ended
 
 
 def _exit_with_1():

@@ -14,6 +14,7 @@ parent-death signal). Where no server can be used, `popen` starts the agent afre
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import io
 import json
@@ -38,8 +39,9 @@ INTERPRETER_ENV = re.compile(r"^(PYTHON|LD_|OMP_|MKL_|KMP_|GOMP_|OPENBLAS_|TORCH
 ROOM = "PARTRAIN_ENVIRONMENT_ROOM"  # the server's padding: room for a launch's environment in /proc/PID/environ
 ROOM_BYTES = 1 << 16
 START_S = 120.0  # the longest a launch waits for its agent to be forked before it starts one afresh
+MAX_SERVERS = 3  # kinds of launch served at once by one launcher (each server holds ~300 MB)
 
-_servers: dict[tuple, _Server] = {}
+_servers: dict[tuple, _Server | None] = {}
 _lock = threading.Lock()
 
 
@@ -51,12 +53,18 @@ def popen(command: list[str], env: dict[str, str]) -> subprocess.Popen | Forked:
         preload = next((arg for arg in command[4:5] if arg.startswith("--preload=")), "")
         key = (preload, tuple(sorted((k, v) for k, v in env.items() if INTERPRETER_ENV.match(k))))
         with _lock:
-            if key not in _servers or not _servers[key].alive():
-                _servers[key] = _Server(preload, dict(key[1]))
-            server = _servers[key]
-        forked = server.fork(command[4:], env)
+            server = _servers.pop(key, False)  # False: none yet; None: this kind could not be served here
+            if server is False or (server is not None and not server.alive()):
+                server = _Server(preload, dict(key[1]))
+                serving = [k for k in _servers if _servers[k] is not None]
+                for old in serving[:max(0, len(serving) + 1 - MAX_SERVERS)]:
+                    _servers.pop(old).retire()  # the least recently used: it ends once its agents have
+            _servers[key] = server  # the most recently used come last
+        forked = None if server is None else server.fork(command[4:], env)
         if forked is not None:
             return forked
+        if server is not None and not server.alive():
+            _servers[key] = None  # it ended at once (it can fork no agent that looks exec'd here): never again
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
 
@@ -74,6 +82,10 @@ class _Server:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def retire(self) -> None:
+        with self.lock:
+            self.socket.close()
 
     def fork(self, argv: list[str], env: dict[str, str]) -> Forked | None:
         """`agent.main([server, *argv])` with `env` in a child of the server; None if the server could not."""
@@ -129,10 +141,8 @@ class Forked:
 
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:
-            try:
+            with contextlib.suppress(OSError):
                 _send(self.channel.sock, {"signal": int(sig)})
-            except OSError:
-                pass
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
@@ -175,6 +185,7 @@ def serve(argv: list[str]) -> None:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    processes.take_environment(dict(os.environ))  # where an agent cannot show its run's environment, serve none
     import torch.distributed.run  # noqa: F401 - the point: every agent forked from here has torch imported
 
     from partrain_edu.launcher import agent
@@ -183,15 +194,17 @@ def serve(argv: list[str]) -> None:
         importlib.import_module(module)
     running: dict[int, _Channel] = {}   # pid → its launch's channel, until it is reaped
     pids: dict[socket.socket, int] = {}  # a launch's socket → its agent's pid
-    while os.getppid() == launcher:
-        readable = select.select([control, wake_r, *pids], [], [], 0.5)[0]
+    accepting = True
+    while os.getppid() == launcher and (accepting or running):
+        readable = select.select([control, wake_r, *pids] if accepting else [wake_r, *pids], [], [], 0.5)[0]
         if wake_r in readable:
             os.read(wake_r, 1 << 12)
             _reap(running, pids)
         if control in readable:
             message, fds, _, _ = socket.recv_fds(control, 16, 2)
-            if not message:
-                return  # the launcher closed its end
+            if not message:  # retired, or the launcher is ending: finish the runs under way
+                accepting = False
+                continue
             sock, out = socket.socket(fileno=fds[0]), fds[1]
             pid = _start(sock, out, agent, here, fixed=[control, wake_r, wake_w, *pids])
             os.close(out)
@@ -199,35 +212,28 @@ def serve(argv: list[str]) -> None:
                 sock.close()
             else:
                 running[pid], pids[sock] = _Channel(sock), pid
-        for sock in [s for s in readable if s in pids]:
-            pid = pids[sock]
-            message = running[pid].read() if pid in running else None
+        for sock in [s for s in readable if s in pids]:  # while its socket is in `pids`, an agent is unreaped
+            message = running[pids[sock]].read()
             if message is None:  # the launcher's thread is gone: so is its run
-                del pids[sock]
-                if pid in running:
-                    os.kill(pid, signal.SIGKILL)
-            elif "signal" in message and pid in running:
-                os.kill(pid, message["signal"])
+                os.kill(pids.pop(sock), signal.SIGKILL)
+            elif "signal" in message:
+                os.kill(pids[sock], message["signal"])
 
 
 def _reap(running: dict[int, _Channel], pids: dict[socket.socket, int]) -> None:
-    while (ended := _waitpid()) is not None:
-        channel = running.pop(ended[0], None)
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        channel = running.pop(pid, None)
         if channel is not None and pids.pop(channel.sock, None) is not None:  # the launch still listens
-            try:
-                _send(channel.sock, {"returncode": os.waitstatus_to_exitcode(ended[1])})
-            except OSError:
-                pass
+            with contextlib.suppress(OSError):
+                _send(channel.sock, {"returncode": os.waitstatus_to_exitcode(status)})
         if channel is not None:
             channel.sock.close()
-
-
-def _waitpid() -> tuple[int, int] | None:
-    try:
-        pid, status = os.waitpid(-1, os.WNOHANG)
-    except ChildProcessError:
-        return None
-    return (pid, status) if pid else None
 
 
 def _start(sock: socket.socket, out: int, agent, here: str, fixed: list) -> int | None:
@@ -255,7 +261,10 @@ def _start(sock: socket.socket, out: int, agent, here: str, fixed: list) -> int 
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
-    _send(sock, {"pid": pid})
+    try:
+        _send(sock, {"pid": pid})
+    except OSError:  # the launch gave up waiting: its agent goes at once
+        os.kill(pid, signal.SIGKILL)
     return pid
 
 
