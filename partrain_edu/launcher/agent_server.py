@@ -178,8 +178,9 @@ def _send(sock: socket.socket, message: dict) -> None:
 def serve(argv: list[str]) -> None:
     """Fork an agent for each launch the launcher sends, report how each ended; end when the launcher does."""
     launcher, preload, here = int(argv[0]), argv[1].split("=", 1)[1].split(",") if len(argv) > 1 else [], os.getcwd()
-    control = socket.socket(fileno=os.dup(0))
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    control, devnull = socket.socket(fileno=os.dup(0)), os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the launcher's terminal is the launcher's to handle
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
