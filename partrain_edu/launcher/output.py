@@ -85,6 +85,11 @@ class Lines:
         for line in complete:
             self.take(line.decode("utf-8", errors="replace"))
 
+    def read_ready(self) -> None:
+        """Read what the pipe holds now: all a process that has exited wrote, whether or not others still hold it."""
+        while not self.eof and self.poller.poll(0):
+            self.read(0)
+
     def drain(self, grace_s: float) -> None:
         """Read what is left, until the pipe closes or `grace_s` seconds have passed."""
         end = time.monotonic() + grace_s

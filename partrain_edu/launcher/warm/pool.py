@@ -192,6 +192,7 @@ class Pool:
         end = time.monotonic() + REPORT_WAIT_S
         while self._link.proc.poll() is None and time.monotonic() < end:
             self._link.pump(0.05)
+        self._link.lines.read_ready()  # torchrun wrote its report before it exited (a forked agent exits at once)
         codes, calls = torchrun_exit_codes("\n".join(self._link.launcher)), self._where_ranks_wait(cell)
         self._kill()
         raise diagnosis.died(cell, codes, self._link.lost, self._link.proc.returncode, calls)
