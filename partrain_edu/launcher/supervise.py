@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from partrain_edu.launcher import agent_server, cgroup, processes
 from partrain_edu.launcher.diagnose import findings
-from partrain_edu.launcher.diagnose.oneshot import TorchrunInterrupted
+from partrain_edu.launcher.diagnose.oneshot import TorchrunInterrupted, explain_mismatch
 from partrain_edu.launcher.options import KILL_GRACE_S
 from partrain_edu.launcher.output import Lines, Run
 
@@ -56,7 +56,11 @@ def supervise(commands: list[list[str]], env: dict[str, str], run: Run, timeout:
             timed_out = left is not None and left <= 0
             for lines in readers:
                 lines.read((0.1 if left is None else max(0.0, min(0.1, left))) / len(readers))
-            mismatch = watch.poll()  # ranks that wait in mismatched collectives wait for ever: stop them now
+            # Ranks that wait in mismatched collectives wait for ever: stop them now. Unless the backend has aborted
+            # one for it already (Gloo, on a size mismatch): torchrun then ends the run itself and names that rank,
+            # however long a loaded machine takes to do so, so the message does not depend on load.
+            found = watch.poll()
+            mismatch = found if found is None or not any(map(explain_mismatch, run.texts().values())) else None
             if started is not None and up < run.nproc and (now_up := len(run.ranks_with(".pid"))) > up:
                 up = now_up
                 started(up)
