@@ -3,9 +3,10 @@ bubbles, a straggler's cost, DDP's overlap and the network's price equal what th
 say (one 4-rank launch, tests/ranks/emulated.py). The clock does not depend on the machine's load: the
 tolerances are the issue's (±0.03, ±10 %, ±15 %), and the results land far inside them. tp, cp and fsdp-tp
 (`train.launch`, one step each) take the calibrated model's seconds: its layer compute, its tp and cp terms
-(`step_time.layer_times`) and their collectives at `link_cost`, each ±0.1 % (what the predictions leave out
-is named in each test: tens of microseconds of a step of about 0.4–0.8 s).
+(`step_time.layer_times`) and their collectives on `theory.network`'s links (`link_cost` for a node's pair), each
+±0.1 % (what the predictions leave out is named in each test: tens of microseconds of a step of about 0.4–0.8 s).
 """
+from dataclasses import astuple
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from partrain_edu.theory.calibration import terms
 from partrain_edu.theory.hardware import DEVICES, GPT_1_3B, device_named, layer_forward_flops, layer_seconds
 from partrain_edu.theory.layout import Layout
 from partrain_edu.theory.model_spec import MODELS
+from partrain_edu.theory.network import group_link
 from partrain_edu.theory.step_time import layer_forward_seconds, layer_times, link_cost
 from partrain_edu.theory.traffic import (bucketed_backward_end, collective_time, fit_alpha_beta, link_time,
                                          ring_steps)
@@ -79,9 +81,18 @@ def test_bad_specs_are_one_line_errors():
     em = emulated.parse("emulated:h100,node=2,net=1gbe,scale=40,slow=3:1.5", rank=3)
     assert (em.node, em.net, em.scale, em.compute_factor) == (2, "1gbe", 40.0, 1.5)
     assert em.link_of((0, 1))[0] == "nvlink" and em.link_of((1, 2))[0] == "1gbe"
-    # the calibrated model's links: NVLink inside a node, the NIC across, β at the fitted efficiency
+    # the calibrated model's links (`theory.network`): NVLink inside a node; across nodes a group's k members on
+    # a node share its k NICs, so a 4-rank ring with 2 per node gets twice a cross-node pair's β (same α)
     assert em.link_of((0, 1))[1:] == link_cost("h100-sxm", inside_node=True)
-    assert emulated.parse("emulated:h100,node=2").link_of((1, 2))[1:] == link_cost("h100-sxm", inside_node=False)
+    two = emulated.parse("emulated:h100,node=2")
+    assert two.link_of((1, 2))[1:] == link_cost("h100-sxm", inside_node=False)
+    pair, four = two.link_of((1, 2)), two.link_of((0, 1, 2, 3))
+    assert four[0] == "infiniband" and four[1] == pair[1] and four[2] == pytest.approx(2 * pair[2])
+    assert four[1:] == astuple(group_link(device_named("h100-sxm"), 4, 2))[:2]
+    # 8 per node: the node's 8 NICs outrun NVLink at NCCL's efficiency, so the ring is NVLink-bound
+    eight = emulated.parse("emulated:h100,node=8").link_of(tuple(range(16)))
+    h100 = device_named("h100-sxm")
+    assert eight[2] == pytest.approx(min(h100.nvlink * 0.82, 8 * h100.nic * 0.96))
 
 
 def test_the_latency_term():

@@ -165,8 +165,12 @@ def test_some_case_of_each_check_hits_its_bound_exactly_and_one_answers_1():
 
 def test_the_hardware_handed_out_is_the_courses():
     assert PEAK_FLOPS == {name: d.peak_flops for name, d in DEVICES.items()}
-    assert BANDWIDTH["h100"] == {"nvlink": LINKS["nvlink"], "infiniband": LINKS["infiniband"]}
-    assert BANDWIDTH["a100"] == {"nvlink": DEVICES["a100"].nvlink, "infiniband": DEVICES["a100"].nic}
+    assert BANDWIDTH["h100"] == {"nvlink": LINKS["nvlink"], "infiniband": LINKS["infiniband"],
+                                 "8 NICs": 8 * LINKS["infiniband"]}          # 400 GB/s: under NVLink's 450
+    assert BANDWIDTH["a100"] == {"nvlink": DEVICES["a100"].nvlink, "infiniband": DEVICES["a100"].nic,
+                                 "8 NICs": 8 * DEVICES["a100"].nic}
+    for name, device in DEVICES.items():                 # `network.group_link`'s rule at the datasheet
+        assert BANDWIDTH[name]["8 NICs"] == min(device.nvlink, 8 * device.nic) == 8 * BANDWIDTH[name]["infiniband"]
     shape = assumed_shape(7_500_000_000)
     assert (MODEL_7_5B["layers"], MODEL_7_5B["hidden"]) == (shape.layers, shape.hidden)
     assert MODEL_7_5B["params"] == cb.PSI_7_5B == 7_467_786_240

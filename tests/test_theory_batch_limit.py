@@ -1,12 +1,14 @@
-"""theory.batch_limit: the batch caps the data-parallel degree; FSDP's intensity is its tokens per replica."""
+"""theory.batch_limit: the batch caps the data-parallel degree; FSDP's intensity is its tokens per replica, and
+across whole nodes it needs about 2,500 tokens per GPU whatever tp (the Scaling Book's GPU chapter)."""
 import pytest
 
-from partrain_edu.theory.batch_limit import (critical_tokens, fsdp_intensity, hardware_intensity, max_dp_for_batch,
-                                             min_tp_for_batch)
+from partrain_edu.theory.batch_limit import (critical_tokens, fsdp_intensity, fsdp_tokens_per_gpu, hardware_intensity,
+                                             max_dp_for_batch, min_tp_for_batch)
 from partrain_edu.theory.hardware import DEVICES
+from partrain_edu.theory.network import group_link
 from partrain_edu.theory.planner import plan
 
-H100 = DEVICES["h100"]
+H100, A100 = DEVICES["h100"], DEVICES["a100"]
 
 
 def test_the_batch_caps_data_parallelism_and_the_rest_must_be_tensor_parallel():
@@ -41,8 +43,37 @@ def test_the_critical_tokens_make_a_large_group_exactly_as_intense_as_its_link()
     assert big == pytest.approx(hardware_intensity(H100.peak_flops, H100.nic), rel=1e-5)
 
 
-def test_the_planner_leaves_pure_sharding_as_the_batch_shrinks():
+def test_the_planner_leaves_pure_data_parallelism_as_the_batch_shrinks():
     big, small = (plan("7.5B", 256, "80GB", global_batch=b).layout for b in (4096, 64))
-    assert (big.strategy, big.dp, big.tp) == ("fsdp", 256, 1)
-    assert small.tp > 1 and small.dp * small.tp * small.pp == 256
-    assert small.dp <= max_dp_for_batch(64) and small.tp >= min_tp_for_batch(256, 64, max_tp=8) / small.pp
+    assert big.strategy in ("ddp", "fsdp") and (big.dp, big.tp) == (256, 1)     # pure data parallel, ZeRO or not
+    assert small.tp * small.pp > 1 and small.dp * small.tp * small.pp == 256      # model parallel: tp or pp
+    assert small.dp <= max_dp_for_batch(64) and small.tp * small.pp >= min_tp_for_batch(256, 64, max_tp=8)
+
+
+def test_fsdp_across_whole_h100_nodes_needs_about_2500_tokens_per_gpu():
+    """The Scaling Book's GPU chapter: "about 2500 tokens per GPU"; within 25 %, at peak, NCCL's efficiencies."""
+    assert fsdp_tokens_per_gpu(H100) == pytest.approx(2500, rel=0.25)
+    assert fsdp_tokens_per_gpu("h100-sxm") == fsdp_tokens_per_gpu(H100)
+    datasheet = critical_tokens(H100.peak_flops, 8 * H100.nic)     # the node's 8 NICs, no efficiency
+    assert datasheet == pytest.approx(2473, rel=1e-3) and datasheet == pytest.approx(2500, rel=0.25)
+    assert fsdp_tokens_per_gpu(H100, flops=H100.peak_flops / 2) == pytest.approx(fsdp_tokens_per_gpu(H100) / 2)
+    with pytest.raises(ValueError, match="tp must divide"):
+        fsdp_tokens_per_gpu(H100, tp=3)
+
+
+@pytest.mark.parametrize("device", [H100, A100])
+def test_the_tokens_per_gpu_do_not_depend_on_tp(device):
+    """tp× the tokens per replica on 1/tp of the node's NICs: the same tokens per GPU (NVLink caps H100's tp = 1
+    group at 369 GB/s, below its 8 NICs' 384: 4 % more there, the only difference)."""
+    need = [fsdp_tokens_per_gpu(device, tp) for tp in (1, 2, 4, 8)]
+    assert max(need) == pytest.approx(min(need), rel=0.05)
+    assert need[1:] == pytest.approx([need[-1]] * 3, rel=1e-12)
+
+
+def test_a_group_with_8_members_per_node_crosses_nodes_on_8_nics():
+    """A100: NIC-bound, exactly 8× the bandwidth of a group with one member per node. H100: NVLink's 0.82 × 450 =
+    369 GB/s caps the 8 NICs' 0.96 × 8 × 50 = 384, so 7.7×."""
+    assert group_link(A100, 64, 8).beta == pytest.approx(8 * group_link(A100, 64, 1).beta)
+    h8, h1 = group_link(H100, 64, 8).beta, group_link(H100, 64, 1).beta
+    assert h8 == pytest.approx(0.82 * 450e9) and h1 == pytest.approx(0.96 * 50e9)
+    assert h8 / h1 == pytest.approx(369 / 48, rel=1e-3)

@@ -1,5 +1,6 @@
-"""viz.two_d.intensity_figure: the bars are `fsdp_intensity`'s FLOPs per byte, the lines the link's F/β at peak and,
-when given, at the calibrated rates, and a bar's colour is its verdict against the realistic line."""
+"""viz.two_d.intensity_figure: the bars are `fsdp_intensity`'s FLOPs per byte, each tp's ticks the F/β of its own
+dp group (β from `network.group_link`, k = 8/tp members per node) at peak and, when given, at a sustained rate, and
+a bar's colour is its verdict against the realistic tick: the same for every tp."""
 from __future__ import annotations
 
 import matplotlib
@@ -12,37 +13,47 @@ from matplotlib.colors import to_rgb  # noqa: E402
 from partrain_edu.theory.batch_limit import fsdp_intensity, hardware_intensity  # noqa: E402
 from partrain_edu.theory.calibration import terms  # noqa: E402
 from partrain_edu.theory.hardware import DEVICES  # noqa: E402
-from partrain_edu.theory.step_time import link_cost  # noqa: E402
+from partrain_edu.theory.network import group_link  # noqa: E402
 from partrain_edu.viz.palette import FITS, OVER  # noqa: E402
-from partrain_edu.viz.two_d import intensity_figure  # noqa: E402
+from partrain_edu.viz.two_d import dp_thresholds, intensity_figure  # noqa: E402
 
 H100 = DEVICES["h100"]
-CALIBRATED = (terms("h100-sxm").matmul(4096) * H100.peak_flops, link_cost("h100-sxm", inside_node=False)[1])
-SETUP = dict(params=7_500_000_000, gpus=512, global_batch=1024, seq=2048, flops=H100.peak_flops, bandwidth=H100.nic)
+SUSTAINED = terms("h100-sxm").matmul(4096) * H100.peak_flops
+SETUP = dict(params=7_500_000_000, gpus=512, global_batch=1024, seq=2048, device=H100)
+TPS = (1, 2, 4, 8)
 
 
-def bars_and_lines(fig):
+def bars_and_ticks(fig):
     ax = fig.axes[0]
-    bars = list(ax.containers[0])
-    lines = sorted(line.get_ydata()[0] for line in ax.get_lines())
-    return bars, lines
+    bars = [c[0] for c in ax.containers]
+    ticks = [(line.get_xdata().mean(), line.get_ydata()[0], line.get_linestyle()) for line in ax.get_lines()]
+    return bars, ticks
 
 
-def test_bars_are_fsdp_intensity_and_the_line_is_peak_f_over_beta():
-    bars, lines = bars_and_lines(intensity_figure(**SETUP))
-    expected = [fsdp_intensity(SETUP["params"], 1024 * 2048 * tp / 512, 512 // tp, tp) for tp in (1, 2, 4, 8)]
+def test_bars_are_fsdp_intensity_and_each_tick_is_its_dp_groups_f_over_beta():
+    bars, ticks = bars_and_ticks(intensity_figure(**SETUP))
+    expected = [fsdp_intensity(SETUP["params"], 1024 * 2048 * tp / 512, 512 // tp, tp) for tp in TPS]
     assert [b.get_height() for b in bars] == pytest.approx(expected, rel=1e-12)
-    assert lines == pytest.approx([hardware_intensity(H100.peak_flops, H100.nic)])
-    peak = lines[0]
-    assert [to_rgb(b.get_facecolor()[:3]) for b in bars] == [to_rgb(FITS if h >= peak else OVER) for h in expected]
+    need = [hardware_intensity(H100.peak_flops, group_link(H100, 512 // tp, 8 // tp).beta) for tp in TPS]
+    assert [y for _, y, _ in ticks] == pytest.approx(need) and [x for x, _, _ in ticks] == pytest.approx([0, 1, 2, 3])
+    assert need[0] == pytest.approx(dp_thresholds(H100, 512, 1)) and need[-1] == pytest.approx(8 * need[1] / 2)
+    assert [to_rgb(b.get_facecolor()[:3]) for b in bars] == [to_rgb(FITS if h >= n else OVER)
+                                                             for h, n in zip(expected, need)]
 
 
-def test_a_calibrated_line_is_drawn_below_the_peak_one_and_judges_the_bars():
-    bars, lines = bars_and_lines(intensity_figure(**SETUP, calibrated=CALIBRATED))
-    calibrated, peak = lines
-    assert calibrated == pytest.approx(hardware_intensity(*CALIBRATED)) and calibrated < peak
-    heights = [b.get_height() for b in bars]
-    between = [h for h in heights if calibrated <= h < peak]
-    assert between, "the example should have a tp that only the calibrated rates call compute-bound"
-    assert [to_rgb(b.get_facecolor()[:3]) for b in bars] == [to_rgb(FITS if h >= calibrated else OVER)
-                                                             for h in heights]
+def test_tp_lifts_a_bar_and_its_tick_alike_so_the_verdict_does_not_change():
+    """512 H100s, 2 sequences per GPU: ≈ 4,100 FLOPs per byte against ≈ 2,700 at tp = 1: compute-bound for
+    bandwidth at every tp, the same margin within 7 % (NVLink caps tp = 1's group; (n−1)/n)."""
+    bars, ticks = bars_and_ticks(intensity_figure(**SETUP, sustained=SUSTAINED))
+    peak = [y for _, y, style in ticks if style == "--"]
+    sustained = [y for _, y, style in ticks if style == ":"]
+    assert sustained == pytest.approx([dp_thresholds(H100, 512, tp, flops=SUSTAINED) for tp in TPS])
+    assert all(s < p for s, p in zip(sustained, peak))
+    margins = [b.get_height() / p for b, p in zip(bars, peak)]
+    assert min(margins) > 1 and max(margins) == pytest.approx(min(margins), rel=0.07)   # and (n−1)/n
+    assert {to_rgb(b.get_facecolor()[:3]) for b in bars} == {to_rgb(FITS)}
+
+
+def test_too_few_tokens_per_gpu_is_red_at_every_tp():
+    bars, _ = bars_and_ticks(intensity_figure(**{**SETUP, "global_batch": 256}))    # half a sequence per GPU
+    assert {to_rgb(b.get_facecolor()[:3]) for b in bars} == {to_rgb(OVER)}

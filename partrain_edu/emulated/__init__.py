@@ -5,12 +5,12 @@
 
 Each rank keeps an **emulated clock** (`now()`, the same origin on every rank). It advances only by what the
 device would spend: a charged module's forward `seconds`, its backward twice that (compute.py), and every
-torch.distributed call's k·(steps·α + bytes·scale/β) on the slowest link among its ranks (links.py), with
-(α, β) = `theory.step_time.link_cost` — NVLink inside a node of `node` ranks, the NIC (or `net`) across, β at
-the fitted link efficiency. `bytes_scale` (or a `traffic` rule for a group) turns real bytes into the named
-model's; a rule's k > 1 applies inside a charged module (one real message stands for k layers'). One
-communication stream per rank; the real arithmetic still runs (losses stay exact) and a rank sleeps as long as
-its clock advanced, so 8 ranks on 2 cores keep the emulated rhythm and timelines do not depend on load.
+torch.distributed call's k·(steps·α + bytes·scale/β) on its group's links (links.py), with (α, β) =
+`theory.network.group_link` — NVLink inside a node of `node` ranks; across nodes the NICs (or `net`) of the
+group's members on each node, at NCCL's measured efficiency. `bytes_scale` (or a `traffic` rule for a group) turns
+real bytes into the named model's; a rule's k > 1 applies inside a charged module (one real message stands for k
+layers'). One communication stream per rank; the real arithmetic still runs (losses stay exact) and a rank sleeps
+as long as its clock advanced, so 8 ranks on 2 cores keep the emulated rhythm and timelines do not depend on load.
 `scale`: wall seconds per emulated second; `slow=R:F` makes rank R's compute F× slower (a straggler).
 """
 from __future__ import annotations
@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 
 from partrain_edu.theory.hardware import PRESETS, Device, canonical, device_named
-from partrain_edu.theory.step_time import link_cost
-from partrain_edu.theory.traffic import LATENCY, LINKS, collective_time
+from partrain_edu.theory.network import group_link
+from partrain_edu.theory.traffic import collective_time
 
 PREFIX = "emulated:"
 NETS = ("infiniband", "10gbe", "1gbe")
@@ -84,14 +84,13 @@ class Emulator:
         return self.preset or next(k for k, d in PRESETS.items() if d == self.device)
 
     def link_of(self, ranks) -> tuple[str, float, float]:
-        """(name, α, β) of the slowest link among `ranks` (a ring is as fast as its slowest hop), from the
-        calibrated model (`link_cost`); Ethernet keeps its `traffic.LINKS` β at the same fitted efficiency."""
-        if len({r // self.node for r in ranks}) <= 1:
-            return ("nvlink", *link_cost(self.name, inside_node=True))
-        alpha, beta = link_cost(self.name, inside_node=False)
-        if self.net == "infiniband":
-            return self.net, alpha, beta
-        return self.net, LATENCY[self.net], LINKS[self.net] * beta / self.device.nic
+        """(name, α, β) of a ring over `ranks`, priced as the calibrated model prices it (`theory.network`): NVLink
+        when one node holds them all, else the network with the fewest of them any node holds sharing its NICs."""
+        ranks = tuple(ranks)
+        nodes = [r // self.node for r in ranks]
+        per_node = min(nodes.count(n) for n in set(nodes))
+        link = group_link(self.device, len(ranks), len(ranks) if len(set(nodes)) == 1 else per_node, self.net)
+        return link.fabric, link.alpha, link.beta
 
     def scale_of(self, kind: str, ranks) -> tuple[float, float]:
         """(bytes per real byte, messages per real message) of a `kind` message on the group of `ranks` now."""

@@ -1,7 +1,7 @@
 """Emulated links: every torch.distributed call costs steps·α + bytes/β on the rank's emulated clock.
 
 Cost: k·(α per ring step + CommTracer's ring-model bytes this rank sends (costs.py) × the byte scale / β), on
-the slowest link among the ranks involved, (α, β) from `Emulator.link_of` (the calibrated `link_cost`); ring
+the links of the ranks involved, (α, β) from `Emulator.link_of` (`theory.network`, as the model prices it); ring
 steps: 2(n−1) for an all-reduce, n−1 for the others, 1 for a send; the byte scale and k from
 `Emulator.scale_of` (k = 1 unless a traffic rule says one message stands for k layers'). Each rank has one
 communication stream, in issue order, as NCCL's. Timing travels beside the data on a side group:

@@ -2,6 +2,7 @@
 
 - ``memory``     bytes per device: parameters, gradients, optimizer states, activations (ZeRO; Korthikanti 2022)
 - ``traffic``    bytes each rank sends per training step, per collective (ring cost model)
+- ``network``    what a collective costs on the links its group crosses (NVLink, the node's NICs)
 - ``schedules``  pipeline schedules as per-stage action lists, and a simulator (GPipe, 1F1B, interleaved, ZB-H1)
 - ``model_spec`` a transformer's shape (GQA, SwiGLU, MoE, untied): parameters, FLOPs per token; presets
 - ``hardware``   GPU presets with sources; ``calibration`` what each achieves, fitted on ``published_runs``

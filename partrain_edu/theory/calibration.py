@@ -4,70 +4,73 @@
 
 The step-time model (`theory.step_time`) charges FLOPs at peak × **matmul efficiency** η(w) = η_max · w/(w + w½),
 w the narrow side of the product on one GPU (h/tp for a layer's weights, the head width for attention's scores):
-small matrices leave the tensor cores idle (the roofline, `theory.efficiency`, and kernel tails). A **per-layer
-overhead** (seconds per layer and pass: launches, synchronisation) and a **link efficiency** (the fraction of a
-link's datasheet bandwidth NCCL achieves) and an **overlap cost** (what overlapped communication still takes from
-the compute beside it: SMs and HBM bandwidth) complete it. η_max is fitted per device on the training rows of
-`theory.published_runs` (a device without its own rows takes its chip's: the A100 40GB the 80GB's, the H800 the
-H100's); w½, the overhead and the link efficiency are shared by all devices, since the training set has too few
-rows per device to tell them apart. `calibration_fit.fit()` redoes the fit (coordinate search on log residuals,
-a second here); `FITTED` is its stored result, and a test checks that the two agree. Nothing here is tuned by hand.
+small matrices leave the tensor cores idle (the roofline, `theory.efficiency`, and kernel tails). **η_max** is
+the device's *measured* matmul ceiling (`MAMF`: stas00/ml-engineering's maximum achievable matmul FLOPS) times
+one **stack** factor shared by every device and framework: everything per FLOP the model does not name (kernels
+other than the largest GEMM shapes, launches between them, the framework's own work). A **per-layer overhead**
+(seconds per layer and pass: launches, hooks, synchronisation) and an **overlap cost** (what overlapped
+communication still takes from the compute beside it: SMs and HBM bandwidth) complete it. The links are not
+fitted: `theory.network` takes NCCL's measured bus bandwidth.
+
+The four terms are fitted on every complete row of `theory.published_runs` (`calibration_fit.fit`, each source
+weighing one); `FITTED` is its stored result, and a test checks that the two agree. The bounds the search keeps
+to are set by hand (`calibration_fit.BOUNDS`), and a term on its bound is chosen, not fitted: the test names
+those. **Assumed, not fitted**: one stack factor for Megatron-LM 2021, DeepSpeed 2022, llm-foundry 2023 and
+Llama 3's 2024 stack alike (their residuals show how far each differs, `calibration_fit.cross_validate`); the
+FlashAttention kernel rates below; the link efficiencies.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# a device without training rows borrows the terms of the one with the same chip
-SAME_CHIP = {"a100-40gb": "a100-80gb", "h800": "h100-sxm"}
+# a device without its own measurement borrows the one of the same chip
+SAME_CHIP = {"a100-40gb": "a100-80gb", "h800": "h100-sxm", "h100-pcie": "h100-sxm", "h100-nvl": "h100-sxm",
+             "h100-hbm2e-96gb": "h100-sxm", "h200": "h100-sxm"}
+# Maximum achievable matmul FLOP/s over the datasheet peak, bf16 (stas00/ml-engineering, compute/accelerator/
+# README.md, "Maximum Achievable Matmul FLOPS comparison table": A100 SXM 271.2 of 312, H100 SXM 794.5 of 989, "H200
+# is the same"). The V100 was never measured there: it takes the mean of the two (an assumption, named).
+MAMF = {"a100-80gb": 271.2 / 312, "h100-sxm": 794.5 / 989}
+MAMF["v100-32gb"] = sum(MAMF.values()) / len(MAMF)
 # The fraction of peak FlashAttention-2's causal forward + backward reaches, head width 128, long sequences (Dao
 # 2023, arXiv 2307.08691, Fig. 4–6 and §4.1: "50-73% of the theoretical maximum FLOPs/s on A100", "up to 335
-# TFLOPs/s on H100"). A measured kernel rate, not fitted: no training row has sequences long enough to tell.
-FLASH_FRACTION = {"v100-32gb": 0.5, "a100-40gb": 0.6, "a100-80gb": 0.6, "h100-sxm": 335 / 989, "h800": 335 / 989}
+# TFLOPs/s on H100"). A measured kernel rate, not fitted. FlashAttention (1) runs at half of it: "around 2×
+# speedup compared to FlashAttention", which reached "only 25-40%" (the same paper's abstract and §1).
+# FlashAttention-3 on Hopper is "1.5-2.0× faster than FlashAttention-2" (Shah et al. 2024, abstract): the lower end.
+FLASH_FRACTION = {"v100-32gb": 0.5, "a100-80gb": 0.6, "h100-sxm": 335 / 989}
+FLASH_SPEED = {"flash1": 0.5, "flash2": 1.0, "flash3": 1.5}          # relative to FlashAttention-2
+HOPPER = ("h100-sxm",)
 
 
-def flash_fraction(device) -> float:
-    """FlashAttention-2's achieved fraction of peak on this device (a `hardware.Device`)."""
+def flash_fraction(device, attention: str = "flash2") -> float:
+    """The fraction of peak a FlashAttention kernel (`layout.ATTENTION`) reaches on this device (a
+    `hardware.Device`); FlashAttention-3 runs as FlashAttention-2 off Hopper."""
     from partrain_edu.theory.hardware import PRESETS
-    return next(FLASH_FRACTION[k] for k, d in PRESETS.items() if d == device)
+    name = next(k for k, d in PRESETS.items() if d == device)
+    chip = SAME_CHIP.get(name, name)
+    speed = 1.0 if attention == "flash3" and chip not in HOPPER else FLASH_SPEED[attention]
+    return FLASH_FRACTION[chip] * speed
 
 
 @dataclass(frozen=True)
 class Efficiency:
-    matmul_max: float          # η_max: the fraction of peak large matmuls reach
+    matmul_max: float          # η_max: MAMF × stack, the fraction of peak large matmuls reach in a training step
     half_width: float          # w½: the width at which a matmul reaches half of η_max
     layer_overhead_s: float    # seconds per layer per forward (a backward: twice)
-    link: float                # the fraction of datasheet link bandwidth achieved
     overlap_cost: float = 0.0  # the fraction of overlapped communication that still slows the compute beside it
 
     def matmul(self, width: float) -> float:
         return self.matmul_max * width / (width + self.half_width)
 
 
-# Written by `python -m partrain_edu.theory.calibration_fit` from fit(); the residuals are each training row's
-# log(predicted / reported). Do not edit by hand: tests/test_theory_calibration.py refits and compares.
-FITTED = {'shared': {'half_width': 128.0, 'layer_overhead_s': 0.0002, 'link': 0.9, 'overlap_cost': 0.04958},
- 'matmul_max': {'a100-80gb': 0.743, 'h100-sxm': 0.6264, 'v100-32gb': 0.4936},
- 'residuals': {'megatron-2021-1.7B': -0.0971,
-               'megatron-2021-3.6B': -0.0911,
-               'megatron-2021-7.5B': -0.1008,
-               'megatron-2021-18.4B': -0.0548,
-               'megatron-2021-39.1B': -0.0604,
-               'megatron-2021-76.1B': -0.0045,
-               'megatron-2021-145.6B': -0.0268,
-               'megatron-2021-310.1B': -0.0048,
-               'megatron-2021-529.6B': -0.0655,
-               'megatron-2021-1008B': -0.0393,
-               'llama3-405B-8192': 0.043,
-               'megatron-2019-1.2B-1gpu': 0.022,
-               'mpt-70b-h100-sxm-64gpu-2048': -0.0081,
-               'mpt-7b-a100-80gb-8gpu-2048': 0.0626}}
+# Written by `python -m partrain_edu.theory.calibration_fit` from fit(). Do not edit by hand:
+# tests/test_theory_estimate.py refits and compares.
+FITTED = {'shared': {'stack': 0.7943, 'half_width': 306.6, 'layer_overhead_s': 0.0007688, 'overlap_cost': 0.25}}
 
 
 def terms(device: str, fitted: dict | None = None) -> Efficiency:
     """The efficiency terms of a device preset (`hardware.PRESETS` key)."""
-    fitted = fitted or FITTED
+    shared = dict((fitted or FITTED)["shared"])
     chip = SAME_CHIP.get(device, device)
-    if chip not in fitted["matmul_max"]:
-        raise ValueError(f"no fitted efficiency for device {device!r}: the training set has no run on it "
-                         f"(fitted: {', '.join(fitted['matmul_max'])})")
-    return Efficiency(fitted["matmul_max"][chip], **fitted["shared"])
+    if chip not in MAMF:
+        raise ValueError(f"no matmul ceiling for device {device!r} (measured: {', '.join(MAMF)})")
+    return Efficiency(MAMF[chip] * shared.pop("stack"), **shared)

@@ -19,9 +19,9 @@ the pipeline simulator at ``MAX_STAGES`` stages and ``MAX_PIPELINE_ACTIONS`` act
 from __future__ import annotations
 
 import argparse
-import json
 
-from partrain_edu.theory.cli_model import DEGREES, add_estimate, emit, add_layout_flags, add_model_flags, layout_from, model_from
+from partrain_edu.theory.cli_model import (DEGREES, STACK_FLAGS, add_estimate, add_layout_flags, add_model_flags,
+                                           add_stack_flags, emit, layout_from, model_from)
 from partrain_edu.theory.hardware import canonical
 from partrain_edu.theory.memory import OPTIMIZERS, PRECISIONS, RECOMPUTE, estimate_memory
 from partrain_edu.theory.planner import GLOBAL_BATCH, SEQ, plan
@@ -119,9 +119,10 @@ def run_plan(args: argparse.Namespace) -> int:
     if any(getattr(args, name) is not None for name in DEGREES + ("zero", "micro_batch", "recompute")):
         args.dp = args.dp or max(1, args.gpus // ((args.tp or 1) * (args.pp or 1) * (args.cp or 1)))
         given = layout_from(args, args.global_batch)
+    features = {k: getattr(args, k) for k in STACK_FLAGS if k != "network_gbps" or args.network_gbps}
     return emit(args, plan(args.params, args.gpus, args.gpu_memory, args.gpus_per_node, args.interconnect,
                             global_batch=args.global_batch, seq=args.seq or SEQ, model=model,
-                            device=canonical(args.device) if args.device else None, given=given))
+                            device=canonical(args.device) if args.device else None, given=given, features=features))
 
 
 def _json_flag(parser: argparse.ArgumentParser) -> None:
@@ -187,10 +188,11 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--gpu-memory", type=size, help="bytes per GPU, e.g. 80GB (default: the --device's)")
     add_model_flags(p, positive_int, device_default=None)
     add_layout_flags(p, positive_int, defaults=False)
+    add_stack_flags(p)
     p.add_argument("--gpus-per-node", type=positive_int, default=8)
     p.add_argument("--interconnect", choices=tuple(LINKS), default="infiniband", help="link between nodes")
     p.add_argument("--global-batch", type=positive_int, default=GLOBAL_BATCH,
                    help=f"sequences per step (default {GLOBAL_BATCH}); at most one data-parallel replica each")
     _json_flag(p)
     p.set_defaults(func=run_plan)
-    add_estimate(subparsers, positive_int, _json_flag)
+    add_estimate(subparsers, positive_int, _json_flag, size)

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from partrain_edu.theory.estimate import estimate
 from partrain_edu.theory.hardware import PRESETS, canonical
-from partrain_edu.theory.layout import SCHEDULES, Layout
+from partrain_edu.theory.layout import ATTENTION, SCHEDULES, Layout
 from partrain_edu.theory.model_spec import MODELS, RECOMPUTE, ModelSpec, model_named
 
 SHAPE = ("layers", "hidden", "heads", "vocab", "seq")
@@ -30,6 +30,8 @@ def add_model_flags(p: argparse.ArgumentParser, positive_int, device_default: st
         g.add_argument("--" + name.replace("_", "-"), type=positive_int)
     g.add_argument("--gated", action="store_true", help="a gated (SwiGLU) MLP: three matrices")
     g.add_argument("--untied", action="store_true", help="an output head apart from the input embedding")
+    g.add_argument("--dropout", action=argparse.BooleanOptionalAction, default=None,
+                   help="dropout layers and their masks (default: a preset's; a shape: on unless --gated)")
     p.add_argument("--device", default=device_default, help=f"a GPU preset: {', '.join(PRESETS)} (or a100, h100)")
 
 
@@ -49,15 +51,16 @@ def model_from(args: argparse.Namespace, required: bool = True) -> ModelSpec | N
     given = {name: getattr(args, name) for name in SHAPE + EXTRA if getattr(args, name, None) is not None}
     if args.model:
         model = model_named(args.model)
-        flags = {"gated": True} if args.gated else {}
+        flags = ({"gated": True} if args.gated else {}) | ({} if args.dropout is None else {"dropout": args.dropout})
         return replace(model, **given, **flags, **({"tied_embeddings": False} if args.untied else {}))
     if not given and not args.gated and not args.untied and not required:
         return None
     missing = [f"--{n}" for n in SHAPE if n not in given]
     if missing:
         raise ValueError(f"give --model PRESET ({', '.join(MODELS)}), or the shape: missing {' '.join(missing)}")
+    dropout = not args.gated if args.dropout is None else args.dropout
     return ModelSpec("custom", **given, gated=args.gated, tied_embeddings=not args.untied,
-                     learned_positions=not args.gated, bias=not args.gated, dropout=not args.gated)
+                     learned_positions=not args.gated, bias=not args.gated, dropout=dropout)
 
 
 MAX_RESULT = 10**30             # bytes, counts or seconds: ten million times all the world's storage
@@ -84,9 +87,34 @@ def emit(args: argparse.Namespace, result) -> int:
     return 0
 
 
+# the software stack: what the frameworks do differently (docs/cli.md), each a Layout field
+STACK_FLAGS = ("attention", "sequence_parallel", "grad_bytes", "overlap_dp", "overlap_param_gather",
+               "tp_comm_overlap", "network_gbps")
+
+
+def add_stack_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("software stack and cluster (defaults: a 2024 Megatron-Core / PyTorch stack on DGX)")
+    g.add_argument("--attention", choices=ATTENTION, default="flash2",
+                   help="attention kernel: FlashAttention 3 (Hopper), 2, 1, or unfused s×s scores (default flash2)")
+    g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=True,
+                   help="with tp > 1, norms and dropout split by sequence (Korthikanti et al. 2022; default on)")
+    g.add_argument("--grad-bytes", type=int, choices=(2, 4, 6), default=4,
+                   help="bytes per gradient held and reduced: 4 fp32 (default), 2 bf16, 6 DeepSpeed's bf16 + fp32")
+    g.add_argument("--overlap-dp", action=argparse.BooleanOptionalAction, default=True,
+                   help="gradients reduced during backward, FSDP's gathers prefetched (default on)")
+    g.add_argument("--overlap-param-gather", action="store_true",
+                   help="ZeRO-1/2's weight all-gather hidden in the next forward (Megatron-Core)")
+    g.add_argument("--tp-comm-overlap", action="store_true",
+                   help="TP's collectives beside the GEMMs (Megatron-Core --tp-comm-overlap, async TP)")
+    g.add_argument("--network-gbps", type=float, default=0.0,
+                   help="network bandwidth per GPU in Gb/s (default: the device's NIC, 400 on H100, 200 on A100)")
+
+
 def layout_from(args: argparse.Namespace, global_batch: int | None) -> Layout:
-    kw = {name: getattr(args, name) for name in DEGREES + ("zero", "micro_batch", "recompute")
+    kw = {name: getattr(args, name) for name in DEGREES + ("zero", "micro_batch", "recompute") + STACK_FLAGS
           if getattr(args, name, None) is not None}
+    if kw.get("network_gbps", 0) < 0 or kw.get("network_gbps") != kw.get("network_gbps"):
+        raise ValueError(f"--network-gbps must be a positive number of Gb/s, got {args.network_gbps!r}")
     return Layout(**kw, global_batch=global_batch or 0, schedule=args.schedule or "",
                   gpus_per_node=args.gpus_per_node)
 
@@ -94,16 +122,19 @@ def layout_from(args: argparse.Namespace, global_batch: int | None) -> Layout:
 def run_estimate(args: argparse.Namespace) -> int:
     model = model_from(args)
     device = canonical(args.device)
-    return emit(args, estimate(model, layout_from(args, args.global_batch).check(model), device))
+    return emit(args, estimate(model, layout_from(args, args.global_batch).check(model), device,
+                               memory_bytes=args.gpu_memory))
 
 
-def add_estimate(subparsers, positive_int, json_flag) -> None:
+def add_estimate(subparsers, positive_int, json_flag, size) -> None:
     p = subparsers.add_parser("estimate", help="one layout on real GPUs: memory, fit, step time, MFU",
                               description="Memory per GPU, step time, throughput and MFU of one layout, from the "
                                           "model calibrated on published runs (theory.calibration).")
     add_model_flags(p, positive_int)
     add_layout_flags(p, positive_int)
+    add_stack_flags(p)
     p.add_argument("--gpus-per-node", type=positive_int, default=8)
+    p.add_argument("--gpu-memory", type=size, help="bytes per GPU, e.g. 94GB (default: the --device's HBM)")
     p.add_argument("--global-batch", type=positive_int, help="sequences per step (default dp × micro-batch)")
     json_flag(p)
     p.set_defaults(func=run_estimate)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from partrain_edu.theory.hardware import DEVICES, Device, ModelShape, layer_forward_flops
 from partrain_edu.theory.memory import gpt_param_count
+from partrain_edu.theory.network import group_seconds
 from partrain_edu.theory.traffic import LATENCY, LINKS, collective_time, step_traffic
 
 RECOMPUTE = ("none", "selective", "full")
@@ -115,12 +116,14 @@ class AxisCost:
 
 def axis_cost(axis: str, n: int, *, layers: int, hidden: int, seq: int, vocab: int, micro_batch: int,
               microbatches: int = 1, link: str | None = None, device: Device | str = "h100",
-              bytes_per_element: int = 2, logits: bool = True) -> AxisCost:
+              bytes_per_element: int = 2, logits: bool = True, per_node: int | None = None) -> AxisCost:
     """Comm and compute seconds of one step on one device when only `axis` has size n (the others 1).
 
     Each device computes m micro-batches of b sequences; dp and fsdp run the whole model on them, tp, pp and cp
     a 1/n share (its matrices' columns, its stage's layers, its piece of the sequence). logits=False leaves the
-    head's FLOPs out of the compute, as the emulated device does."""
+    head's FLOPs out of the compute, as the emulated device does. The link is one GPU's own, at its datasheet
+    rate; `per_node` (the group's members on each node) prices the group as the calibrated model does instead
+    (`theory.network`: NVLink inside a node, the members' NICs across, at NCCL's measured efficiency)."""
     if axis not in AXES:
         raise ValueError(f"axis must be one of {', '.join(AXES)}, got {axis!r}")
     if axis == "pp" and n > layers:
@@ -146,8 +149,14 @@ def axis_cost(axis: str, n: int, *, layers: int, hidden: int, seq: int, vocab: i
         calls = step_traffic("cp", cp=n, layers=layers, **shape_kw).collectives if n > 1 else []
     # the device's own links where it has them (an A100's NVLink is slower than traffic.LINKS' H100 one)
     beta = {"nvlink": device.nvlink, "infiniband": device.nic}.get(link, LINKS[link])
-    comm_s = sum(c.count * collective_time(c.op, c.bytes_per_call, c.group_size, alpha=LATENCY[link], beta=beta)
-                 for c in calls)
+    if per_node is not None:
+        network = "infiniband" if link == "nvlink" else link
+        link = "nvlink" if per_node >= n else network
+        comm_s = sum(c.count * group_seconds(c.op, c.bytes_per_call, c.group_size, min(per_node, c.group_size),
+                                             device, network) for c in calls)
+    else:
+        comm_s = sum(c.count * collective_time(c.op, c.bytes_per_call, c.group_size, alpha=LATENCY[link], beta=beta)
+                     for c in calls)
     return AxisCost(axis, n, link, sum(c.bytes_sent for c in calls), comm_s, compute_s)
 
 

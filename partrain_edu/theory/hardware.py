@@ -48,6 +48,23 @@ PRESETS = {
     # per GPU (DeepSeek-AI 2024, DeepSeek-V3 report §3.1–3.2: "NVLink 160 GB/s" achieved, "IB 50 GB/s").
     "h800": Device("H800 SXM 80GB", 989e12, 80 * GIB, 200e9, 50e9, "NVIDIA H800 product brief; DeepSeek-V3 report §3",
                    hbm=3.35e12),
+    # H100 PCIe: 1,513 TFLOP/s bf16 with sparsity = 756 dense, 80 GB, 2.0 TB/s (H100 PCIe product brief PB-11133-001);
+    # no NVSwitch: GPUs of a server talk over PCIe Gen5, 128 GB/s = 64 each way (an NVLink bridge joins pairs only).
+    "h100-pcie": Device("H100 PCIe 80GB", 756e12, 80 * GIB, 64e9, 50e9, "NVIDIA H100 PCIe product brief PB-11133-001",
+                        hbm=2.0e12),
+    # H100 NVL: 1,671 sparse = 835 dense, 94 GB HBM3, 3.9 TB/s, 350-400 W; pairs bridged by NVLink (600 GB/s), else
+    # PCIe Gen5 (NVIDIA H100 datasheet, the "H100 SXM | H100 NVL" table): one server's GPUs priced at PCIe's 64 GB/s.
+    "h100-nvl": Device("H100 NVL 94GB", 835e12, 94e9, 64e9, 50e9, "NVIDIA H100 datasheet (H100 NVL column)",
+                       hbm=3.9e12),
+    # H100 SXM with 96 GB of HBM2e at 2.4 TB/s, run at a 500 W power limit (Meta's Grand Teton, torchtitan's
+    # benchmarks/llama3_h100_202412_torchtitan.md: its peak "between SXM and NVL"): NVL's 835 dense TFLOP/s, the
+    # lower end, stands in for the capped clock (no published GEMM rate at 500 W); NVLink 4 and a NIC as DGX H100.
+    "h100-hbm2e-96gb": Device("H100 SXM 96GB HBM2e, 500 W", 835e12, 96e9, 450e9, 50e9,
+                              "torchtitan benchmarks/llama3_h100_202412_torchtitan.md; NVIDIA H100 datasheet",
+                              hbm=2.4e12),
+    # H200 SXM: H100's chip and clocks (989 dense), 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s (NVIDIA H200 datasheet).
+    "h200": Device("H200 SXM 141GB", 989e12, 141e9, 450e9, 50e9, "NVIDIA H200 datasheet; DGX H200 user guide",
+                   hbm=4.8e12),
 }
 # the short names the emulated device, the widgets and the exercises use (`emulated:a100`); `device_named` takes both
 ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm"}

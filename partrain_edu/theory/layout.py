@@ -4,7 +4,8 @@
 
 gpus = tp·pp·cp·dp; expert parallelism (ep) is carved out of the dp·cp ranks, as in Megatron-Core (its rank order
 tp-cp-ep-dp-pp, innermost first: `theory.grid`), so a group's block of consecutive ranks — and whether it stays
-inside a node (NVLink) or crosses the network — is tp for tp, tp·cp for cp, tp·cp·ep for ep, tp·cp·dp for dp.
+inside a node (NVLink) or crosses the network — is tp for tp, tp·cp for cp, tp·cp·ep for ep, tp·cp·dp for dp;
+`span` says how many of a group's members share each node, which is what its collectives cost (`theory.network`).
 Each replica runs m = global_batch / (dp·micro_batch) micro-batches per step. **Uneven stages** (70 layers on 12
 stages, 126 on 16): every stage gets ⌈l/p⌉ layers and the shortfall is taken from the first and last stages first,
 which also hold the embedding and the logits (Llama 3, Dubey et al. 2024 §3.3.2; DeepSpeed's BLOOM partition).
@@ -16,6 +17,9 @@ from dataclasses import dataclass
 from partrain_edu.theory.model_spec import RECOMPUTE, ModelSpec
 
 SCHEDULES = ("1f1b", "interleaved", "zb-h1")
+# The attention kernel: FlashAttention 3 (Hopper), 2 or 1 (Dao et al. 2022, 2023; Shah et al. 2024), or unfused
+# products that materialise the s×s scores (Megatron-LM 2021's fused softmax). Rates: `calibration.flash_fraction`.
+ATTENTION = ("flash3", "flash2", "flash1", "unfused")
 
 
 @dataclass(frozen=True)
@@ -32,13 +36,17 @@ class Layout:
     recompute: str = "none"
     schedule: str = ""               # "", or one of SCHEDULES ("" → interleaved when vpp > 1, else 1f1b)
     sequence_parallel: bool = True   # Korthikanti et al. 2022: with tp > 1, norms and dropout split by sequence
-    flash_attention: bool = True     # the attention core keeps no s×s scores (Dao et al. 2022)
+    attention: str = "flash2"        # one of ATTENTION; any flash kernel keeps no s×s scores (Dao et al. 2022)
     gpus_per_node: int = 8
     network_gbps: float = 0.0        # the cluster's network per GPU in Gb/s; 0: the device preset's NIC (DGX)
     grad_bytes: int = 4              # per gradient held and reduced: 4 fp32 main grads (Megatron-Core); 2 fp16
                                      # (Megatron-LM 2021's default); 6 DeepSpeed's BF16 optimizer (reduces the fp32 4)
     overlap_dp: bool = True          # gradients reduced during backward (PyTorch DDP/FSDP, Megatron-Core); False:
                                      # after it (Megatron-LM 2021's local DDP, DeepSpeed's pipeline engine)
+    overlap_param_gather: bool = False   # ZeRO-1/2's all-gather of updated weights hidden in the next step's
+                                     # forward (Megatron-Core --overlap-param-gather); False: exposed after the step
+    tp_comm_overlap: bool = False    # TP's collectives run beside the GEMMs that need them (Megatron-Core
+                                     # --tp-comm-overlap, NeMo's userbuffers, torchtitan's async TP); False: exposed
 
     @property
     def gpus(self) -> int:
@@ -57,6 +65,10 @@ class Layout:
         return self.schedule or ("interleaved" if self.vpp > 1 else "1f1b")
 
     @property
+    def flash_attention(self) -> bool:
+        return self.attention != "unfused"
+
+    @property
     def sp(self) -> bool:
         return self.sequence_parallel and self.tp > 1
 
@@ -68,6 +80,17 @@ class Layout:
     def inside_node(self, axis: str) -> bool:
         return self.block(axis) <= self.gpus_per_node
 
+    def span(self, axis: str) -> tuple[int, int]:
+        """(members, members per node) of one group along `axis`: tp at stride 1, cp at stride tp, ep at stride
+        tp·cp, dp — every replica of a weight, cp ranks included, as ZeRO shards over them — dp·cp at stride tp,
+        edp (the experts' replicas) dp·cp/ep at stride tp·ep, pp at stride tp·cp·dp."""
+        tp, cp, ep, dp = self.tp, self.cp, self.ep, self.dp
+        members, stride = {"tp": (tp, 1), "cp": (cp, tp), "ep": (ep, tp * cp), "dp": (dp * cp, tp),
+                           "edp": (max(1, dp * cp // ep), tp * ep), "pp": (self.pp, tp * cp * dp)}[axis]
+        if self.gpus <= self.gpus_per_node:          # one node holds every rank
+            return members, members
+        return members, max(1, min(members, self.gpus_per_node // stride))
+
     def check(self, model: ModelSpec) -> "Layout":
         """One-line ValueError naming the flag to change when this layout cannot run `model`; else self."""
         for name in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "gpus_per_node"):
@@ -78,6 +101,8 @@ class Layout:
             raise ValueError(f"--zero must be 0, 1, 2 or 3, got {self.zero!r}")
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"--recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        if self.attention not in ATTENTION:
+            raise ValueError(f"--attention must be one of {', '.join(ATTENTION)}, got {self.attention!r}")
         if self.pipeline_schedule not in SCHEDULES:
             raise ValueError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if self.vpp > 1 and self.pp == 1:

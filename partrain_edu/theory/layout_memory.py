@@ -10,7 +10,12 @@ token (Korthikanti et al. 2022, Table 2, widened to GQA, gated MLPs and MoE): 8h
 unless sequence parallel; Q 2h, K and V 2·kv·d, the projection's input 2h, the MLP's 4f (6f gated) split; the s×s
 core 5as unless flash or selective recompute; with all-gather CP the other ranks' K and V, 4·kv·d·(c − 1); full
 recompute keeps the 2h input. Stage i of 1F1B holds min(p − i, m) micro-batches, interleaving × (1 + (p−1)/(pv))
-(Korthikanti §4.2.3). **Buffers**: fp32 logits on the last stage, a layer being recomputed, `FRAMEWORK_BYTES`.
+(Korthikanti §4.2.3). **Buffers**: fp32 logits on the last stage, a layer being recomputed, and what no tensor of
+the model holds (`headroom_bytes`): the CUDA context with cuBLAS's workspaces, NCCL's buffers for each group the GPU
+talks in, and the caching allocator's fragmentation, a share of the bytes that come and go (activations, gathered
+units). These three are assumptions stated as such, not measurements: real runs report reserved memory, which
+the allocator grows into what is free (torchtitan's 8B on 8 GPUs reserves 82 GiB of 95), so a published figure
+is an upper bound on the need. `estimate` and `plan` mark a layout above `TIGHT` of the HBM.
 """
 from __future__ import annotations
 
@@ -19,7 +24,19 @@ from dataclasses import dataclass
 from partrain_edu.theory.layout import Layout, stage_layers
 from partrain_edu.theory.model_spec import ModelSpec
 
-FRAMEWORK_BYTES = 3e9
+CONTEXT_BYTES = 0.75e9         # CUDA context, cuBLAS and cuDNN workspaces, the framework's own tensors (assumed)
+# NCCL's buffers per communicator: NCCL_BUFFSIZE's default 4 MiB for Simple, about as much for LL128 and a little
+# for LL, to each of a ring's 2 peers, send and receive, on up to 16 channels: 16 × 2 × 9 MiB ≈ 0.3 GB (NCCL's
+# environment-variable documentation gives the 4 MiB; the channel count is NVLink's usual, assumed)
+NCCL_BYTES_PER_GROUP = 0.3e9
+FRAGMENTATION = 0.05           # the caching allocator's reserved-but-unused share of transient bytes (assumed)
+TIGHT = 0.9                    # above this share of the HBM a layout leaves no room for spikes: flagged
+
+
+def headroom_bytes(lay: Layout, transient: float) -> float:
+    """What no tensor of the model holds: the context, NCCL per group of more than one GPU, fragmentation."""
+    groups = sum(n > 1 for n in (lay.tp, lay.pp, lay.cp, lay.dp * lay.cp, lay.ep))
+    return CONTEXT_BYTES + NCCL_BYTES_PER_GROUP * groups + FRAGMENTATION * transient
 
 
 @dataclass(frozen=True)
@@ -70,6 +87,10 @@ def activation_bytes_per_token(model: ModelSpec, lay: Layout, recompute: str | N
     sp = tp if lay.sp else 1
     if recompute == "full":
         return 2 * h / sp
+    if recompute == "selective-op":   # the input, attention's output, every other matmul's output (torchtitan)
+        up = (4 if model.gated else 2) * f
+        outputs = (2 * h + 4 * kv + up) / tp + 2 * h / sp + 2 * h / sp    # QKV, MLP in; projection, MLP out
+        return 2 * h / sp + 2 * h / tp + outputs / 2 + (2 * h / sp if model.dropout else 0)
     mats = 6 if model.gated else 4
     moe_share = model.n_moe / model.layers
     mlp = (1 - moe_share) * mats * f + moe_share * (model.top_k + model.shared_experts) * mats * model.expert_width
@@ -107,13 +128,14 @@ def stage_memory(model: ModelSpec, lay: Layout, stage: int = 0) -> StageMemory:
     tokens = lay.micro_batch * model.seq / lay.cp
     layers = stage_layers(model.layers, lay.pp)[stage]
     activations = activation_bytes_per_token(model, lay) * tokens * layers * in_flight(lay, stage)
-    buffers = FRAMEWORK_BYTES
+    buffers = 0.0
     if stage == lay.pp - 1:                        # the logits of one micro-batch, fp32 for the loss
         buffers += 4 * tokens * model.vocab / lay.tp
-    if lay.recompute == "full":                    # one layer's activations while it is recomputed
+    if lay.recompute in ("full", "selective-op"):  # one layer's activations while it is recomputed
         buffers += activation_bytes_per_token(model, lay, "none") * tokens
     if lay.zero == 3:                              # the gathered unit and the prefetched next one
         buffers += 2 * 2 * (dense + experts) / max(1, layers)
+    buffers += headroom_bytes(lay, activations + buffers)
     return StageMemory(stage, held, weights, grads, optimizer, activations, buffers)
 
 

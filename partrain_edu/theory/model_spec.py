@@ -10,13 +10,15 @@ layer replaces the MLP by E experts of width f_e of which each token visits k (F
 forward): 6 × the weights a token multiplies (the active parameters in matrices, the logits' h×V included) plus
 attention's QKᵀ and A·V, 12·l·s·h over the full s×s as the paper counts it. For a GPT (f = 4h, kv = heads) that
 is 72lh² + 12lsh + 6hV. Recompute adds a forward: "full" every layer's, "selective" the attention core's, counted
-as Korthikanti et al. 2022 App. A count it in their HFU (s/3h instead of s/6h: 12·l·s·h more per token). Pure Python.
+as Korthikanti et al. 2022 App. A count it in their HFU (s/3h instead of s/6h: 12·l·s·h more per token),
+"selective-op" half the matrices' (PyTorch's per-operator selective checkpointing as torchtitan uses it: every
+other matmul's output is saved, the rest and the elementwise work are recomputed). Pure Python.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "selective-op", "full")
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,8 @@ class ModelSpec:
             raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
         f = self.forward_flops_per_token()
         layers = f["dense"] + f["moe"] + f["attention"]
-        extra = {"none": 0, "full": layers, "selective": 3 * f["attention"]}[recompute]
+        extra = {"none": 0, "full": layers, "selective": 3 * f["attention"],
+                 "selective-op": (f["dense"] + f["moe"]) / 2}[recompute]
         return 3 * (layers + f["logits"]) + extra
 
     def with_seq(self, seq: int) -> "ModelSpec":

@@ -35,6 +35,7 @@ def reason_for(chosen, best: dict, fastest: float, model, gpus: int, gpus_per_no
     needs = f"needs {format_bytes(chosen.bytes_per_device)} per GPU" + (
         f" with {chosen.recompute} activation recompute" if chosen.recompute != "none" else "")
     speed = (" and is the fastest layout" if chosen.step_time_s <= fastest * 1.0001 else
+             ", as fast as the fastest to within 0.5 % and simpler" if chosen.step_time_s < fastest * 1.005 else
              f", {chosen.step_time_s / fastest - 1:.0%} slower than the fastest but simpler")
     family = chosen.strategy
     if family == "ddp":

@@ -21,8 +21,8 @@ from partrain_edu.theory import grid
 from partrain_edu.theory.estimate import Estimate, estimate
 from partrain_edu.theory.hardware import canonical, device_named
 from partrain_edu.theory.layout import Layout as Spread
-from partrain_edu.theory.layout_memory import fullest_stage
-from partrain_edu.theory.model_spec import RECOMPUTE, ModelSpec, gpt
+from partrain_edu.theory.layout_memory import TIGHT, fullest_stage
+from partrain_edu.theory.model_spec import ModelSpec, gpt
 from partrain_edu.theory.plan_reason import reason_for
 from partrain_edu.theory.traffic import LINKS
 from partrain_edu.units import format_bytes, format_count, parse_size
@@ -159,15 +159,19 @@ def network_gbps(interconnect: str, device: str) -> float:
     return NETWORK_GBPS.get(interconnect, 0.0)
 
 
-STACK = ("flash_attention", "sequence_parallel", "grad_bytes", "overlap_dp", "network_gbps")
+# the recomputation the search tries, least first (per-operator selective checkpointing is torchtitan's: priced by
+# `estimate --recompute selective-op`, not searched)
+PLANNED_RECOMPUTE = ("none", "selective", "full")
+STACK = ("attention", "sequence_parallel", "grad_bytes", "overlap_dp", "overlap_param_gather", "tp_comm_overlap",
+         "network_gbps")
 
 
 def _spreads(model: ModelSpec, gpus: int, gpus_per_node: int, global_batch: int, net: float,
-             stack: Spread | None = None):
+             stack: Spread | None = None, features: dict | None = None):
     """Every (tp, cp, pp, vpp, ep, dp, zero) of the GPUs, at most one replica per sequence of the batch, with the
     framework's features (`STACK`) of `stack` (default: flash attention, sequence parallel, fp32 gradients) and
     its ZeRO stage only, when given."""
-    framework = {"network_gbps": net} | ({k: getattr(stack, k) for k in STACK} if stack else {})
+    framework = {"network_gbps": net} | ({k: getattr(stack, k) for k in STACK} if stack else {}) | (features or {})
     cps = [c for c in _powers_of_two(gpus) if c == 1 or (model.seq // c >= MIN_CP_POSITIONS and model.seq % (2 * c) == 0)]
     for tp in (t for t in _powers_of_two(min(gpus_per_node, gpus)) if model.heads % t == 0):
         for cp in (c for c in cps if tp * c <= gpus and (model.seq // c) % tp == 0):
@@ -209,7 +213,7 @@ def _resolve(params, seq: int, model: ModelSpec | None, device: str | None, gpu_
 def candidate_layouts(params: int | str | None, gpus: int, gpu_memory: int | str | None = None,
                       gpus_per_node: int = 8, interconnect: str = "infiniband", global_batch: int = GLOBAL_BATCH,
                       seq: int = SEQ, *, model: ModelSpec | None = None, device: str | None = None,
-                      stack: Spread | None = None) -> list[Layout]:
+                      stack: Spread | None = None, features: dict | None = None) -> list[Layout]:
     """Every layout of ``gpus`` GPUs that fits, each timed; per spread the fastest micro-batch and the least
     recompute that fits it. ``model`` (a ModelSpec) replaces ``params`` (GPT-3's shape of that size); ``stack``
     (a `theory.layout.Layout`: a published run's) lends its framework features (`STACK`), ZeRO stage and recompute,
@@ -222,13 +226,14 @@ def candidate_layouts(params: int | str | None, gpus: int, gpu_memory: int | str
         raise ValueError(f"--gpus {gpus} is not a multiple of --gpus-per-node {gpus_per_node}; use whole nodes")
     net = network_gbps(interconnect, device)
     layouts = []
-    for spread in _spreads(model, gpus, gpus_per_node, global_batch, net, stack):
+    for spread in _spreads(model, gpus, gpus_per_node, global_batch, net, stack, features):
         for b in (b for b in MICRO_BATCHES if b <= math.ceil(global_batch / spread.dp)):
             m = math.ceil(global_batch / (spread.dp * b))
             sized = replace(spread, micro_batch=b, global_batch=spread.dp * b * m)
-            options = (stack.recompute,) if stack else RECOMPUTE
+            options = (stack.recompute,) if stack else PLANNED_RECOMPUTE
+            # at most TIGHT of the HBM: real runs need room for the allocator's spikes (`layout_memory.TIGHT`)
             fitting = next((replace(sized, recompute=r) for r in options
-                            if fullest_stage(model, replace(sized, recompute=r)).total <= capacity), None)
+                            if fullest_stage(model, replace(sized, recompute=r)).total <= TIGHT * capacity), None)
             if fitting is None:
                 break                                     # a bigger micro-batch needs more memory still
             layouts.append(Layout.of(estimate(model, fitting, device, memory_bytes=capacity)))
@@ -238,13 +243,13 @@ def candidate_layouts(params: int | str | None, gpus: int, gpu_memory: int | str
 def plan(params: int | str | None, gpus: int, gpu_memory: int | str | None = None, gpus_per_node: int = 8,
          interconnect: str = "infiniband", global_batch: int = GLOBAL_BATCH, seq: int = SEQ, *,
          model: ModelSpec | None = None, device: str | None = None, given: Spread | None = None,
-         stack: Spread | None = None) -> Plan:
+         stack: Spread | None = None, features: dict | None = None) -> Plan:
     """The ``plan`` subcommand: the simplest family within `SIMPLICITY_MARGIN` of the fastest layout; the three
     fastest; and `given` (a `theory.layout.Layout` of the same GPUs) costed beside them, as it is (its own
     framework features); ``stack`` gives the search the same features."""
     model, device, capacity = _resolve(params, seq, model, device, gpu_memory)
     layouts = candidate_layouts(None, gpus, capacity, gpus_per_node, interconnect, global_batch, model=model,
-                                device=device, stack=stack)
+                                device=device, stack=stack, features=features)
     if not layouts:
         raise ValueError(f"{format_count(model.params())} parameters fit no layout of {gpus} GPU(s) with "
                          f"{format_bytes(capacity)} each, even with ZeRO-3 and full recompute; use more GPUs "

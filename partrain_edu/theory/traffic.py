@@ -39,7 +39,9 @@ per step (gradient accumulation):
 With ``--tp``/``--pp`` given to ``ddp``/``zero*``, the data-parallel collectives carry one model-parallel
 shard, Ψ/(tp·pp) parameters (as in memory.py). **Link time** (Hockney's α–β model): :func:`link_time` and
 :func:`collective_time` charge α per message (per ring step: 2(n−1) for an all-reduce) plus bytes over the
-link's one-direction bandwidth β — still a lower bound: no protocol overhead, no overlap with compute.
+link's one-direction bandwidth β — still a lower bound: no protocol overhead, no overlap with compute. A group
+spread over nodes runs on several links at once: `theory.network` prices it (its members on a node share their
+NICs), and the calibrated model, the planner and the emulated device use that.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 and strategies timed on the emulated device with their model FLOPs utilisation (MFU).
 
     from partrain_edu.viz.choosing_tables import family_table, layout_text, rules_vs_planner, mfu_table
+    seed_against_planner({"13B": "FSDP", "175B": "TP+PP+DP"}, 64)         # the notes' answer beside the planner
     rules_vs_planner(notes_rules, [("1.3B", 8), ("13B", 64)])   # notes_rules(size, gpus) -> (by layers, by GPUs)
     family_table("175B", 1024)                                   # the fastest layout of each family, and the pick
     mfu_table({"ddp": launch(TrainConfig(strategy="ddp", nproc=4, steps=3, device="emulated:h100"))})
@@ -88,3 +89,19 @@ def family_table(size: str, gpus: int, gpu_memory: str = "80GB", seq: int = SEQ)
         split = f"{lay.micro_batch} × {lay.microbatches}"
         print(f"{name:<8} {lay.text():<34} {split:>11} {lay.recompute:>9} {lay.step_time_s:>6.2f} s "
               f"{lay.step_time_s / fastest:>8.2f}× {lay.exposed_comm_s:>11.2f} s" + ("  ←" if lay == chosen else ""))
+
+
+def seed_against_planner(seed: dict[str, str], gpus: int, gpu_memory: str = "80GB") -> None:
+    """One row per model size: the notes' answer (`seed`: size → family), the planner's pick and its share of the
+    GPU's memory, and the fastest FSDP, FSDP × TP and 3D layouts' step times against the fastest layout of all
+    (the planner's estimates, at most `layout_memory.TIGHT` of the memory; "—" where a family has no layout that
+    fits)."""
+    print(f"{'model':>5}  {'the notes':<9} {'planner':<31} {'memory':>6} {'fastest':>8} | × fastest:"
+          f" {'ddp':>5} {'fsdp':>5} {'fsdp-tp':>7} {'3d':>5}")
+    for size, answer in seed.items():
+        layouts, chosen = candidate_layouts(size, gpus, gpu_memory), plan(size, gpus, gpu_memory).layout
+        fastest = min(lay.step_time_s for lay in layouts)
+        ratio = {f: min((lay.step_time_s for lay in layouts if lay.strategy == f), default=None) for f in FAMILIES}
+        cols = [f"{ratio[f] / fastest:.2f}" if ratio[f] else "—" for f in ("ddp", "fsdp", "fsdp-tp", "3d")]
+        print(f"{size:>5}  {answer:<9} {layout_text(chosen):<31} {chosen.estimate.memory_fraction:>6.0%} "
+              f"{fastest:>6.2f} s | {'':>10} {cols[0]:>5} {cols[1]:>5} {cols[2]:>7} {cols[3]:>5}")

@@ -3,8 +3,9 @@
     mfu_parts_table({"ddp": (cfg, launch(cfg))})     # cfg: the run's TrainConfig on an emulated device
 
 MFU = kernels × busy. **kernels**: what the charged layers reach of the device's peak — their FLOPs at peak over
-their calibrated seconds (`theory.step_time.layer_forward_seconds`: matmuls at η(h/tp), attention at
-FlashAttention-2's rate, the elementwise work at HBM speed, a per-layer overhead). **busy**: the charged compute
+their calibrated seconds (`theory.step_time.layer_forward_seconds`, what the emulated device charges a block:
+each matmul at η of its narrow side, `theory.step_time.gemms`, attention at FlashAttention-2's rate, the
+elementwise work at HBM speed, a per-layer overhead). **busy**: the charged compute
 over the step (1 when nothing waits); the rest went to communication that did not hide, or to a pipeline's
 bubble. Each run's kernels are also predicted from its micro-batch and split, before looking at the run.
 """

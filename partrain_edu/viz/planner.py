@@ -9,7 +9,8 @@ that fits, timed by the calibrated step-time model (``theory.estimate``), and th
 FSDP × TP, 3D, CP) within ``SIMPLICITY_MARGIN`` of the fastest: the source notes' decision order, derived
 rather than typed in. The memory bar is
 ``theory.layout_memory`` for the chosen layout's fullest GPU (buffers included); the traffic bars are
-``step_traffic`` per parallel group, timed over the link that group spans (NVLink inside a node).
+``step_traffic`` per parallel group, timed on the links that group crosses as the model prices them
+(``theory.network.group_link``: NVLink inside a node, the node's NICs its members own across nodes).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from partrain_edu.theory.planner import Plan, link_of, plan
+from partrain_edu.theory.hardware import device_named
+from partrain_edu.theory.network import group_link
+from partrain_edu.theory.planner import Plan, plan
 from partrain_edu.theory.traffic import LINKS, step_traffic
 from partrain_edu.units import format_bytes, format_count, parse_size
 from partrain_edu.viz._app import DEVICE_MEMORY, POWERS_OF_TWO, Section, WidgetApp, link_model_preset, model_controls, toggles
@@ -42,26 +45,32 @@ def layout_memory(chosen: Plan, params: int) -> dict[str, int]:
 def layout_traffic(chosen: Plan, params: int, gpus: int, gpus_per_node: int, interconnect: str) -> list[tuple]:
     """(group, bytes per step, link name, seconds) for the tp, pp and dp groups of the chosen layout.
 
-    Each group's link is the planner's (`theory.planner.link_of`, from the one rank grid).
+    Each group's seconds are its bytes over the link the model prices it on (`theory.network.group_link` with
+    the layout's `span`: NVLink inside a node; across nodes min(NVLink, k NICs) for k members per node), so the
+    bars agree with `estimate`; the link name is "nvlink" when one node holds the group, else `interconnect`.
     """
     lay, shape = chosen.layout, chosen.shape
+    spread, device = lay.estimate.layout, device_named(lay.estimate.device)
+    nic = spread.network_gbps * 1e9 / 8 if spread.network_gbps else None     # as `step_time` reads it
     # tp and pp move this rank's seq/cp positions, as the planner prices them
     kw = dict(layers=shape.layers, hidden=shape.hidden, seq=chosen.seq // lay.cp, micro_batch=lay.micro_batch,
               microbatches=lay.microbatches)
 
-    sizes = {"pp": lay.pp, "dp": lay.dp, "tp": lay.tp} | ({"cp": lay.cp} if lay.cp > 1 else {})
-
-    def link(dim: str) -> str:
-        return link_of(dim, sizes, gpus_per_node, interconnect)
+    def seconds(axis: str, nbytes: float) -> tuple[str, float]:
+        members, per_node = spread.span(axis)
+        if members < 2 or not nbytes:
+            return ("nvlink" if per_node == members else interconnect), 0.0
+        link = group_link(device, members, per_node, nic=nic)
+        return ("nvlink" if link.fabric == "nvlink" else interconnect), nbytes / link.beta
 
     dp_name = "ddp" if lay.zero == 0 else f"zero{lay.zero}"
-    rows = [(f"TP all-reduces (tp={lay.tp})", step_traffic("tp", tp=lay.tp, pp=lay.pp, **kw), link("tp")),
-            (f"PP sends (pp={lay.pp})", step_traffic("pp", pp=lay.pp, **kw), link("pp")),
+    rows = [(f"TP all-reduces (tp={lay.tp})", step_traffic("tp", tp=lay.tp, pp=lay.pp, **kw), "tp"),
+            (f"PP sends (pp={lay.pp})", step_traffic("pp", pp=lay.pp, **kw), "pp"),
             (f"DP {'all-reduce' if lay.zero == 0 else f'ZeRO-{lay.zero}'} (dp={lay.dp}{f' × cp={lay.cp}' if lay.cp > 1 else ''})",
              # as the planner prices it: a cp plan reduces its replicated gradients over dp × cp
              step_traffic(dp_name, params, dp=lay.dp * lay.cp, tp=lay.tp, pp=lay.pp, microbatches=lay.microbatches),
-             link("dp"))]
-    return [(name, t.per_rank_bytes_sent, lk, t.per_rank_bytes_sent / LINKS[lk]) for name, t, lk in rows]
+             "dp")]
+    return [(name, t.per_rank_bytes_sent, *seconds(axis, t.per_rank_bytes_sent)) for name, t, axis in rows]
 
 
 MEMORY_PARTS = (("params", "parameters", PARAMS), ("grads", "gradients", GRADS),

@@ -2,7 +2,9 @@
 
 Graded in-process, on plain numbers, 6 cases each: max_dp_degree, max_fsdp_degree, max_tp_degree, min_dp_batch.
 The resource is time: in each pass, a collective's ring time (bytes sent / β, β one way per device, α ignored,
-bf16 = 2 B) may not exceed the compute of the pass it overlaps (F FLOP/s; 2Ψ forward, 4Ψ backward per token).
+bf16 = 2 B; across nodes β is what the group's ring gives each member: one NIC for one member per node, the
+node's 8 NICs, capped by NVLink, for 8) may not exceed the compute of the pass it overlaps (F FLOP/s; 2Ψ forward,
+4Ψ backward per token).
   DP (DDP)      all-reduce 2(N−1)/N·2Ψ B ≤ backward 4ΨT/N FLOPs  ⇒  (N−1)·F ≤ T·β,  N* = 1 + ⌊Tβ/F⌋
   FSDP (ZeRO-3) all-gather (N−1)/N·2Ψ ≤ forward 2ΨT/N; all-gather + reduce-scatter ≤ backward  ⇒  the same N*
   TP (Megatron) per layer in forward, 2 all-reduces of the b·s·h bf16 activations, 2(t−1)/t·2bsh B each,
@@ -26,6 +28,9 @@ from partrain_edu.theory.memory import gpt_param_count
 A100, H100 = DEVICES["a100"], DEVICES["h100"]
 A100_NIC, A100_NVLINK = (A100.peak_flops, A100.nic), (A100.peak_flops, A100.nvlink)
 H100_NIC, H100_NVLINK = (H100.peak_flops, H100.nic), (H100.peak_flops, H100.nvlink)
+# A group with all 8 GPUs of each node crosses the network on the node's 8 NICs (NCCL: one ring per NIC), capped by
+# NVLink: β per GPU = min(NVLink, 8 · NIC), `theory.network.group_link` at the datasheet (the givens' "8 NICs").
+H100_NODES = (H100.peak_flops, min(H100.nvlink, 8 * H100.nic))
 # Powers of two: every time a learner computes is then exact in floating point, so the bound is hit exactly.
 EXACT = (2.0**50, 2.0**36)
 PSI_7_5B = gpt_param_count(36, 4096, vocab=51200, seq=2048)  # Megatron's 7.5B, 36 × 4096 (Narayanan et al., Table 1)
@@ -36,15 +41,15 @@ M2 = 1024 * 2048  # GPT-3 6.7B's batch, 2M tokens (Brown et al. 2020, Table 2.1)
 DP_CASES = [
     ("Ψ = 1.3B, 512 × 2048 tokens per step, A100 over its 25 GB/s NIC", (1_300_000_000, 512 * 2048, *A100_NIC)),
     ("the same with Ψ = 175B", (175_000_000_000, 512 * 2048, *A100_NIC)),
-    ("Ψ = 7.5B (36 × 4096), 2M tokens, H100 over InfiniBand", (PSI_7_5B, M2, *H100_NIC)),
-    ("Ψ = 7.5B, 64 × 2048 tokens, H100 over InfiniBand", (PSI_7_5B, 64 * 2048, *H100_NIC)),
+    ("Ψ = 7.5B (36 × 4096), 2M tokens, whole H100 nodes over their 8 NICs", (PSI_7_5B, M2, *H100_NODES)),
+    ("Ψ = 7.5B, 64 × 2048 tokens, H100 over one NIC each", (PSI_7_5B, 64 * 2048, *H100_NIC)),
     ("Ψ = 2^30, T = 2^16 tokens, F = 2^50 FLOP/s, β = 2^36 B/s", (2**30, 2**16, *EXACT)),
-    ("Ψ = 350M, 4 × 2048 tokens, H100 over InfiniBand", (350_000_000, 4 * 2048, *H100_NIC)),
+    ("Ψ = 350M, 4 × 2048 tokens, H100 over one NIC each", (350_000_000, 4 * 2048, *H100_NIC)),
 ]
 FSDP_CASES = [
     ("Ψ = 13B, 1024 × 2048 tokens per step, A100 over its 25 GB/s NIC", (13_000_000_000, M2, *A100_NIC)),
     ("the same with Ψ = 1.3B", (1_300_000_000, M2, *A100_NIC)),
-    ("Ψ = 7.5B (36 × 4096), 2M tokens, H100 over InfiniBand", (PSI_7_5B, M2, *H100_NIC)),
+    ("Ψ = 7.5B (36 × 4096), 2M tokens, H100 over one NIC each", (PSI_7_5B, M2, *H100_NIC)),
     ("Ψ = 7.5B, 32 × 2048 tokens, H100 over NVLink", (PSI_7_5B, 32 * 2048, *H100_NVLINK)),
     ("Ψ = 2^33, T = 2^17 tokens, F = 2^50 FLOP/s, β = 2^35 B/s", (2**33, 2**17, 2.0**50, 2.0**35)),
     ("Ψ = 1.3B, one 2048-token sequence per step, A100 over its NIC", (1_300_000_000, 2048, *A100_NIC)),
@@ -55,11 +60,11 @@ TP_CASES = [
     ("h = 4096 (7.5B), one sequence, H100 over NVLink", (4096, 2048, *H100_NVLINK)),
     ("h = 4096, one sequence, A100 over NVLink", (4096, 2048, *A100_NVLINK)),
     ("h = 2^14, 2^11 tokens, F = 2^50 FLOP/s, β = 2^36 B/s", (2**14, 2**11, *EXACT)),
-    ("h = 4096, one sequence, H100 over InfiniBand", (4096, 2048, *H100_NIC)),
+    ("h = 4096, one sequence, H100 over one NIC each", (4096, 2048, *H100_NIC)),
 ]
 BATCH_CASES = [
-    ("N = 8 H100s over InfiniBand, 2048-token sequences", (8, 2048, *H100_NIC)),
-    ("N = 1024 H100s over InfiniBand, 2048-token sequences", (1024, 2048, *H100_NIC)),
+    ("N = 8 H100s over one NIC each, 2048-token sequences", (8, 2048, *H100_NIC)),
+    ("N = 1024 H100s, whole nodes over their 8 NICs, 2048-token sequences", (1024, 2048, *H100_NODES)),
     ("N = 64 A100s over their NICs, 2048-token sequences", (64, 2048, *A100_NIC)),
     ("N = 4, s = 2^12, F = 2^50 FLOP/s, β = 2^36 B/s", (4, 2**12, *EXACT)),
     ("N = 1 H100, 2048-token sequences", (1, 2048, *H100_NIC)),
