@@ -7,7 +7,7 @@ header; empty where the source does not say). **Splits**: "fit" rows fit `theory
 source at a time to test it, `calibration_fit.cross_validate`); "held-out" rows were added after the fit was
 frozen and only test it (torchtitan's); "excluded" rows are complete but outside what the model prices, each saying
 why in its notes (FP8 matmuls, layer-level checkpointing); "reading" rows lack a layout or a result (OPT-175B,
-Korthikanti 2022) and are not estimated (`complete` False). **Conventions** (the review of ../shared, and each
+Korthikanti 2022) and are not estimated (`complete` False). **Conventions** (each
 paper): Megatron-LM 2021 Table 1, BLOOM, GPT-NeoX and MT-NLG report TFLOP/s per GPU that count the recomputed
 forward (Narayanan et al. 2021, eq. 3) — held against the model's hardware FLOP/s; Llama 3 and llm-foundry report
 MFU (model FLOPs only) — held against the model's MFU; torchtitan reports tokens per second per GPU — held against
