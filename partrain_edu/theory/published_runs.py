@@ -7,13 +7,13 @@ header; empty where the source does not say). **Splits**: "fit" rows fit `theory
 source at a time to test it, `calibration_fit.cross_validate`); "held-out" rows were added after the fit was
 frozen and only test it (torchtitan's); "excluded" rows are complete but outside what the model prices, each saying
 why in its notes (FP8 matmuls, layer-level checkpointing); "reading" rows lack a layout or a result (OPT-175B,
-Korthikanti 2022) and are not estimated (`complete` False). **Conventions** (each
-paper): Megatron-LM 2021 Table 1, BLOOM, GPT-NeoX and MT-NLG report TFLOP/s per GPU that count the recomputed
-forward (Narayanan et al. 2021, eq. 3) — held against the model's hardware FLOP/s; Llama 3 and llm-foundry report
-MFU (model FLOPs only) — held against the model's MFU; torchtitan reports tokens per second per GPU — held against
-the model's. A memory figure is what the run reported, or (`memory_reserved`) the caching allocator's peak
-reservation, which only bounds the need from above. Where a layout field was not published and a default is
-standard (one sequence per micro-batch, no interleaving), `assumed` names it.
+Korthikanti 2022) and are not estimated (`complete` False). **Conventions** (each paper's): Megatron-LM 2021
+Table 1, BLOOM, GPT-NeoX and MT-NLG report TFLOP/s per GPU that count the recomputed forward (Narayanan et al.
+2021, eq. 3) — held against the model's hardware FLOP/s; Llama 3 and llm-foundry report MFU (model FLOPs only) —
+held against the model's MFU; torchtitan reports tokens per second per GPU — held against the model's. A memory
+figure is what the run reported, or (`memory_reserved`) the caching allocator's peak reservation, which only bounds
+the need from above. Where a layout field was not published and a default is standard (one sequence per
+micro-batch, no interleaving), `assumed` names it.
 """
 from __future__ import annotations
 
