@@ -96,11 +96,21 @@ def fsdp_tokens_per_gpu(device, tp: int = 1, gpus_per_node: int = 8, flops: floa
     the cost of the node-level reduction by 8 but leave[s] the overall cost the same"); NVIDIA/nccl #1576 (192 GB/s
     all-reduce bus bandwidth between DGX A100 nodes of 8 × 200 Gb/s NICs). `flops` defaults to the peak."""
     device = device_named(device) if isinstance(device, str) else device
+    beta = dp_bandwidth(device, tp, gpus_per_node, network=network, nic=nic)
+    return critical_tokens(device.peak_flops if flops is None else flops, beta, bytes_per_element) / tp
+
+
+def dp_bandwidth(device, tp: int = 1, gpus_per_node: int = 8, gpus: int | None = None,
+                 network: str = "infiniband", nic: float | None = None) -> float:
+    """β each member of FSDP's dp group gets (`network.group_link`) on a grid of `gpus` GPUs of `device` (a
+    `hardware.Device` or its name) with tp inside each node: gpus/tp members, node/tp of them per node (all of them
+    when one node holds the grid); `gpus` None: any group that crosses nodes (two nodes' worth)."""
+    device = device_named(device) if isinstance(device, str) else device
     for name, value in (("tp", tp), ("gpus_per_node", gpus_per_node)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive whole number, got {value!r}")
     if gpus_per_node % tp:
         raise ValueError(f"tp must divide the {gpus_per_node} GPUs of a node, got tp={tp}")
     per_node = gpus_per_node // tp
-    beta = group_link(device, 2 * per_node, per_node, network, nic).beta     # any group that crosses nodes
-    return critical_tokens(device.peak_flops if flops is None else flops, beta, bytes_per_element) / tp
+    members = 2 * per_node if gpus is None else gpus // tp
+    return group_link(device, members, min(members, per_node), network, nic).beta

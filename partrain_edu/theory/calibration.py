@@ -21,7 +21,9 @@ FlashAttention kernel rates below; the link efficiencies.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from partrain_edu.theory.network import EFFICIENCY
 
 # a device without its own measurement borrows the one of the same chip
 SAME_CHIP = {"a100-40gb": "a100-80gb", "h800": "h100-sxm", "h100-pcie": "h100-sxm", "h100-nvl": "h100-sxm",
@@ -29,8 +31,8 @@ SAME_CHIP = {"a100-40gb": "a100-80gb", "h800": "h100-sxm", "h100-pcie": "h100-sx
 # Maximum achievable matmul FLOP/s over the datasheet peak, bf16 (stas00/ml-engineering, compute/accelerator/
 # README.md, "Maximum Achievable Matmul FLOPS comparison table": A100 SXM 271.2 of 312, H100 SXM 794.5 of 989, "H200
 # is the same"). The V100 was never measured there: it takes the mean of the two (an assumption, named).
-MAMF = {"a100-80gb": 271.2 / 312, "h100-sxm": 794.5 / 989}
-MAMF["v100-32gb"] = sum(MAMF.values()) / len(MAMF)
+MEASURED = {"a100-80gb": 271.2 / 312, "h100-sxm": 794.5 / 989}
+MAMF = MEASURED | {"v100-32gb": sum(MEASURED.values()) / len(MEASURED)}
 # The fraction of peak FlashAttention-2's causal forward + backward reaches, head width 128, long sequences (Dao
 # 2023, arXiv 2307.08691, Fig. 4–6 and §4.1: "50-73% of the theoretical maximum FLOPs/s on A100", "up to 335
 # TFLOPs/s on H100"). A measured kernel rate, not fitted. FlashAttention (1) runs at half of it: "around 2×
@@ -57,6 +59,9 @@ class Efficiency:
     half_width: float          # w½: the width at which a matmul reaches half of η_max
     layer_overhead_s: float    # seconds per layer per forward (a backward: twice)
     overlap_cost: float = 0.0  # the fraction of overlapped communication that still slows the compute beside it
+    # the share of each link's rate NCCL reaches: measured, not fitted (`network.EFFICIENCY`; `network.DATASHEET`
+    # prices the links at their datasheet rates)
+    links: dict[str, float] = field(default_factory=lambda: EFFICIENCY)
 
     def matmul(self, width: float) -> float:
         return self.matmul_max * width / (width + self.half_width)
@@ -72,5 +77,5 @@ def terms(device: str, fitted: dict | None = None) -> Efficiency:
     shared = dict((fitted or FITTED)["shared"])
     chip = SAME_CHIP.get(device, device)
     if chip not in MAMF:
-        raise ValueError(f"no matmul ceiling for device {device!r} (measured: {', '.join(MAMF)})")
+        raise ValueError(f"no matmul ceiling for device {device!r} (known: {', '.join(MAMF)})")
     return Efficiency(MAMF[chip] * shared.pop("stack"), **shared)

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import argparse
 
-from partrain_edu.theory.cli_model import (DEGREES, STACK_FLAGS, add_estimate, add_layout_flags, add_model_flags,
-                                           add_stack_flags, emit, layout_from, model_from)
+from partrain_edu.theory.cli_model import (DEGREES, add_estimate, add_layout_flags, add_model_flags, add_stack_flags,
+                                           emit, layout_from, model_from)
 from partrain_edu.theory.hardware import canonical
+from partrain_edu.theory.layout import STACK
 from partrain_edu.theory.memory import OPTIMIZERS, PRECISIONS, RECOMPUTE, estimate_memory
 from partrain_edu.theory.planner import GLOBAL_BATCH, SEQ, plan
 from partrain_edu.theory.schedules import SCHEDULES, build_schedule, simulate
@@ -119,7 +120,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if any(getattr(args, name) is not None for name in DEGREES + ("zero", "micro_batch", "recompute")):
         args.dp = args.dp or max(1, args.gpus // ((args.tp or 1) * (args.pp or 1) * (args.cp or 1)))
         given = layout_from(args, args.global_batch)
-    features = {k: getattr(args, k) for k in STACK_FLAGS if k != "network_gbps" or args.network_gbps}
+    features = {k: getattr(args, k) for k in STACK if k != "network_gbps" or args.network_gbps}
     return emit(args, plan(args.params, args.gpus, args.gpu_memory, args.gpus_per_node, args.interconnect,
                             global_batch=args.global_batch, seq=args.seq or SEQ, model=model,
                             device=canonical(args.device) if args.device else None, given=given, features=features))

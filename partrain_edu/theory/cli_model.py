@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from partrain_edu.theory.estimate import estimate
 from partrain_edu.theory.hardware import PRESETS, canonical
-from partrain_edu.theory.layout import ATTENTION, SCHEDULES, Layout
+from partrain_edu.theory.layout import ATTENTION, SCHEDULES, STACK, Layout
 from partrain_edu.theory.model_spec import MODELS, RECOMPUTE, ModelSpec, model_named
 
 SHAPE = ("layers", "hidden", "heads", "vocab", "seq")
@@ -87,12 +87,8 @@ def emit(args: argparse.Namespace, result) -> int:
     return 0
 
 
-# the software stack: what the frameworks do differently (docs/cli.md), each a Layout field
-STACK_FLAGS = ("attention", "sequence_parallel", "grad_bytes", "overlap_dp", "overlap_param_gather",
-               "tp_comm_overlap", "network_gbps")
-
-
 def add_stack_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per `layout.STACK` field: what the frameworks do differently (docs/cli.md)."""
     g = p.add_argument_group("software stack and cluster (defaults: a 2024 Megatron-Core / PyTorch stack on DGX)")
     g.add_argument("--attention", choices=ATTENTION, default="flash2",
                    help="attention kernel: FlashAttention 3 (Hopper), 2, 1, or unfused s×s scores (default flash2)")
@@ -111,7 +107,7 @@ def add_stack_flags(p: argparse.ArgumentParser) -> None:
 
 
 def layout_from(args: argparse.Namespace, global_batch: int | None) -> Layout:
-    kw = {name: getattr(args, name) for name in DEGREES + ("zero", "micro_batch", "recompute") + STACK_FLAGS
+    kw = {name: getattr(args, name) for name in DEGREES + ("zero", "micro_batch", "recompute") + STACK
           if getattr(args, name, None) is not None}
     if kw.get("network_gbps", 0) < 0 or kw.get("network_gbps") != kw.get("network_gbps"):
         raise ValueError(f"--network-gbps must be a positive number of Gb/s, got {args.network_gbps!r}")

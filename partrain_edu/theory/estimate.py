@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from partrain_edu.theory.calibration import Efficiency, terms
+from partrain_edu.theory.calibration import MEASURED, SAME_CHIP, Efficiency, terms
 from partrain_edu.theory.hardware import canonical, device_named
 from partrain_edu.theory.layout import Layout
-from partrain_edu.theory.calibration import MAMF, SAME_CHIP
 from partrain_edu.theory.layout_memory import TIGHT, StageMemory, fullest_stage
 from partrain_edu.theory.model_spec import ModelSpec
 from partrain_edu.theory.step_time import step_time
@@ -50,7 +49,7 @@ class Estimate:
         if self.memory_fraction > TIGHT:
             out.append(f"memory: {self.memory_fraction:.0%} of the GPU's, above {TIGHT:.0%}: real runs need room for "
                        "the allocator's spikes; this layout may not run")
-        if "v100" in self.device or SAME_CHIP.get(self.device, self.device) not in MAMF:
+        if SAME_CHIP.get(self.device, self.device) not in MEASURED:
             out.append("device: no measured matmul ceiling; the V100 takes the mean of the A100's and H100's")
         if lay.attention == "unfused":
             out.append("attention: unfused (2021-22 stacks); in validation the model was 12-22 % slow on Megatron-LM "

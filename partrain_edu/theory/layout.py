@@ -15,11 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from partrain_edu.theory.model_spec import RECOMPUTE, ModelSpec
+from partrain_edu.theory.network import members_per_node
 
 SCHEDULES = ("1f1b", "interleaved", "zb-h1")
 # The attention kernel: FlashAttention 3 (Hopper), 2 or 1 (Dao et al. 2022, 2023; Shah et al. 2024), or unfused
 # products that materialise the s×s scores (Megatron-LM 2021's fused softmax). Rates: `calibration.flash_fraction`.
 ATTENTION = ("flash3", "flash2", "flash1", "unfused")
+# the fields that say what a framework does, not how the step is split: `estimate`'s and `plan`'s stack flags, and
+# what the planner borrows from a published run
+STACK = ("attention", "sequence_parallel", "grad_bytes", "overlap_dp", "overlap_param_gather", "tp_comm_overlap",
+         "network_gbps")
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,7 @@ class Layout:
                            "edp": (max(1, dp * cp // ep), tp * ep), "pp": (self.pp, tp * cp * dp)}[axis]
         if self.gpus <= self.gpus_per_node:          # one node holds every rank
             return members, members
-        return members, max(1, min(members, self.gpus_per_node // stride))
+        return members, members_per_node(members, stride, self.gpus_per_node)
 
     def check(self, model: ModelSpec) -> "Layout":
         """One-line ValueError naming the flag to change when this layout cannot run `model`; else self."""

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from partrain_edu.theory.traffic import LATENCY, LINKS, collective_time
 
 EFFICIENCY = {"nvlink": 0.82, "network": 0.96}     # NCCL bus bandwidth / datasheet (sources above)
+DATASHEET = {"nvlink": 1.0, "network": 1.0}        # the links at their datasheet rates: an upper bound
 
 
 @dataclass(frozen=True)
@@ -50,41 +51,43 @@ def members_per_node(members: int, stride: int, gpus_per_node: int) -> int:
     return max(1, min(members, gpus_per_node // stride))
 
 
-def group_link(device, members: int, per_node: int, network: str = "infiniband", nic: float | None = None) -> Link:
+def group_link(device, members: int, per_node: int, network: str = "infiniband", nic: float | None = None,
+               efficiency: dict[str, float] = EFFICIENCY) -> Link:
     """α, β of a ring over `members` ranks with `per_node` of them on each node, GPUs of `device` (a
     `hardware.Device`); `nic` replaces the device's NIC bandwidth per GPU (bytes/s), `network` names the fabric
-    between nodes (`traffic.LINKS`; its datasheet rate replaces the NIC's unless `nic` is given)."""
+    between nodes (`traffic.LINKS`; its datasheet rate replaces the NIC's unless `nic` is given); `efficiency`
+    the share of each link's rate the ring reaches (NCCL's measured, or `DATASHEET`)."""
     if network not in LINKS or network == "nvlink":
         raise ValueError(f"network must be one of {', '.join(k for k in LINKS if k != 'nvlink')}, got {network!r}")
     if not 1 <= per_node <= members:
         raise ValueError(f"per_node must be between 1 and members ({members}), got {per_node}")
-    nvlink = device.nvlink * EFFICIENCY["nvlink"]
+    nvlink = device.nvlink * efficiency["nvlink"]
     if per_node == members:
         return Link(LATENCY["nvlink"], nvlink, "nvlink")
     per_gpu = nic if nic else (device.nic if network == "infiniband" else LINKS[network])
-    egress = per_node * per_gpu * EFFICIENCY["network"]
+    egress = per_node * per_gpu * efficiency["network"]
     return Link(LATENCY[network], min(nvlink, egress) if per_node > 1 else egress, network)
 
 
 def group_seconds(op: str, nbytes: float, members: int, per_node: int, device, network: str = "infiniband",
-                  nic: float | None = None) -> float:
+                  nic: float | None = None, efficiency: dict[str, float] = EFFICIENCY) -> float:
     """Seconds of one `op` on a full tensor of `nbytes` over the group: ring steps · α + ring bytes / β
     (`traffic.collective_time`) on `group_link`'s link; 0 for one member or no bytes."""
     if members < 2 or not nbytes:
         return 0.0
-    link = group_link(device, members, per_node, network, nic)
+    link = group_link(device, members, per_node, network, nic, efficiency)
     return collective_time(op, int(nbytes), members, alpha=link.alpha, beta=link.beta)
 
 
 def all_to_all_seconds(nbytes: float, members: int, per_node: int, device, network: str = "infiniband",
-                       nic: float | None = None) -> float:
+                       nic: float | None = None, efficiency: dict[str, float] = EFFICIENCY) -> float:
     """Seconds of one all-to-all in which each member sends (n−1)/n of its `nbytes`: the (k−1)/n bound for its
     own node over NVLink, the (n−k)/n bound elsewhere through its own NIC (a node's k members own k NICs, and each
     NIC carries one member's share), both at once: (n−1)·α + max(inside / β_NVLink, outside / β_NIC)."""
     if members < 2 or not nbytes:
         return 0.0
-    inside = group_link(device, per_node, per_node) if per_node > 1 else None
-    outside = group_link(device, members, 1, network, nic) if per_node < members else None
+    inside = group_link(device, per_node, per_node, efficiency=efficiency) if per_node > 1 else None
+    outside = group_link(device, members, 1, network, nic, efficiency) if per_node < members else None
     link = outside or inside
     seconds = max((per_node - 1) / members * nbytes / inside.beta if inside else 0.0,
                   (members - per_node) / members * nbytes / outside.beta if outside else 0.0)

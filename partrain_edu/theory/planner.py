@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from partrain_edu.theory import grid
 from partrain_edu.theory.estimate import Estimate, estimate
 from partrain_edu.theory.hardware import canonical, device_named
+from partrain_edu.theory.layout import STACK
 from partrain_edu.theory.layout import Layout as Spread
 from partrain_edu.theory.layout_memory import TIGHT, fullest_stage
 from partrain_edu.theory.model_spec import ModelSpec, gpt
@@ -114,6 +115,8 @@ class Plan:
     seq: int = SEQ
     top: tuple[Layout, ...] = ()
     given: Layout | None = None
+    # each family's fastest layout (None: none fits), what the answer was chosen among
+    families: dict[str, Layout | None] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict:
         """The ``plan --json`` object ("cp" only when the plan splits the sequence)."""
@@ -162,8 +165,6 @@ def network_gbps(interconnect: str, device: str) -> float:
 # the recomputation the search tries, least first (per-operator selective checkpointing is torchtitan's: priced by
 # `estimate --recompute selective-op`, not searched)
 PLANNED_RECOMPUTE = ("none", "selective", "full")
-STACK = ("attention", "sequence_parallel", "grad_bytes", "overlap_dp", "overlap_param_gather", "tp_comm_overlap",
-         "network_gbps")
 
 
 def _spreads(model: ModelSpec, gpus: int, gpus_per_node: int, global_batch: int, net: float,
@@ -274,4 +275,4 @@ def plan(params: int | str | None, gpus: int, gpu_memory: int | str | None = Non
         costed = Layout.of(estimate(model, given, device, memory_bytes=capacity))
     reason = reason_for(chosen, best, fastest, model, gpus, gpus_per_node, capacity, global_batch)
     shape = Shape(model.layers, model.hidden, model.heads)
-    return Plan(chosen, reason, shape, model.seq, tuple(list(distinct.values())[:3]), costed)
+    return Plan(chosen, reason, shape, model.seq, tuple(list(distinct.values())[:3]), costed, best)

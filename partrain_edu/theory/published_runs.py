@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from partrain_edu.theory.calibration import terms
-from partrain_edu.theory.hardware import device_named
+from partrain_edu.theory.estimate import Estimate
+from partrain_edu.theory.hardware import canonical
 from partrain_edu.theory.layout import Layout
 from partrain_edu.theory.model_spec import ModelSpec
 from partrain_edu.theory.step_time import step_time
@@ -112,12 +113,8 @@ def metric_of(run: PublishedRun, result) -> float:
 
 
 def predicted_metric(run: PublishedRun, fitted: dict | None = None) -> float:
-    """The model's value for this run in its own convention, with the stored (or `fitted`) efficiency terms: the
-    step time alone (`estimate`'s MFU and HFU without its memory, which the fit does not need)."""
-    seconds = step_time(run.model, run.layout, run.device, terms(run.device, fitted)).seconds
-    per_gpu = run.layout.batch * run.model.seq / seconds / run.layout.gpus
-    if run.convention == "mfu":
-        return run.model.flops_per_token("none") * per_gpu / device_named(run.device).peak_flops
-    if run.convention == "tokens":
-        return per_gpu
-    return run.model.flops_per_token(run.layout.recompute) * per_gpu / 1e12
+    """The model's value for this run in its own convention, with the stored (or `fitted`) efficiency terms: an
+    `Estimate` of the step time alone (the fit prices every row hundreds of times and never needs its memory)."""
+    timed = step_time(run.model, run.layout, run.device, terms(run.device, fitted))
+    return metric_of(run, Estimate(run.model, run.layout, canonical(run.device), None, 0.0, timed.seconds,
+                                   timed.breakdown))

@@ -26,7 +26,7 @@ from partrain_edu.theory.hardware import Device, canonical, device_named
 from partrain_edu.theory.layout import Layout, stage_layers
 from partrain_edu.theory.layout_memory import activation_bytes_per_token, stage_params
 from partrain_edu.theory.model_spec import ModelSpec
-from partrain_edu.theory.network import all_to_all_seconds, group_link, group_seconds
+from partrain_edu.theory.network import EFFICIENCY, Link, all_to_all_seconds, group_link, group_seconds
 
 OPTIMIZER_BYTES = 32        # fp32 master, two moments and the gradient read; master, moments, bf16 copy written
 
@@ -44,10 +44,18 @@ def _group(lay: Layout, axis: str, device: Device) -> tuple[int, int, float | No
     return members, per_node, lay.network_gbps * 1e9 / 8 if lay.network_gbps else None
 
 
-def _collective(op: str, nbytes: float, lay: Layout, axis: str, device: Device) -> float:
+def axis_link(lay: Layout, axis: str, device: Device, eff: Efficiency | None = None) -> Link:
+    """The link a group along `axis` runs its rings on (`theory.network.group_link`, at `eff`'s link shares, by
+    default NCCL's measured ones): what every collective of the step is priced on, and what the planner's widget
+    draws."""
+    members, per_node, nic = _group(lay, axis, device)
+    return group_link(device, members, per_node, nic=nic, efficiency=eff.links if eff else EFFICIENCY)
+
+
+def _collective(op: str, nbytes: float, lay: Layout, axis: str, device: Device, eff: Efficiency) -> float:
     """Seconds of one `op` of `nbytes` along `axis`, priced on the links its group crosses (`theory.network`)."""
     members, per_node, nic = _group(lay, axis, device)
-    return group_seconds(op, nbytes, members, per_node, device, nic=nic)
+    return group_seconds(op, nbytes, members, per_node, device, nic=nic, efficiency=eff.links)
 
 
 def _hidden(comm: float, window: float, eff: Efficiency) -> float:
@@ -88,18 +96,19 @@ def layer_times(model: ModelSpec, lay: Layout, device: Device, eff: Efficiency) 
                  "selective-op": matmul / 2 + elementwise + eff.layer_overhead_s}[lay.recompute]
     passes = {"full": 3, "selective-op": 2.5}.get(lay.recompute, 2)    # the recomputed matmuls' TP collectives
     act = 2 * tokens * model.hidden                        # one bf16 activation of the micro-batch
-    tp = 2 * passes * _collective("all_reduce", act, lay, "tp", device)
+    tp = 2 * passes * _collective("all_reduce", act, lay, "tp", device, eff)
     if lay.tp_comm_overlap:   # each all-reduce (with SP: gather, scatter) runs beside the GEMM it feeds
         tp = _hidden(tp, matmul * (passes + 1), eff)
     kv = 2 * 2 * lay.micro_batch * model.seq * model.kv_dim / lay.tp    # the whole sequence's K and V
-    cp = (_collective("all_gather", kv, lay, "cp", device) * passes
-          + _collective("reduce_scatter", kv, lay, "cp", device))
+    cp = (_collective("all_gather", kv, lay, "cp", device, eff) * passes
+          + _collective("reduce_scatter", kv, lay, "cp", device, eff))
     ep = 0.0
     if model.experts and lay.ep > 1:
         routed = 2 * tokens * model.top_k * model.hidden / lay.tp
         members, per_node, nic = _group(lay, "ep", device)
-        ep = moe * 2 * passes * all_to_all_seconds(routed, members, per_node, device, nic=nic)
-    return {"forward": forward, "backward": 2 * (forward - eff.layer_overhead_s) + 2 * eff.layer_overhead_s,
+        ep = moe * 2 * passes * all_to_all_seconds(routed, members, per_node, device, nic=nic,
+                                                   efficiency=eff.links)
+    return {"forward": forward, "backward": 2 * forward,
             "recompute": recompute, "tp": tp, "cp": cp, "ep": ep}
 
 
@@ -110,7 +119,7 @@ def stage_times(model: ModelSpec, lay: Layout, device: Device, eff: Efficiency) 
     logits_fwd = (2 * tokens * model.hidden * model.vocab / lay.tp
                   / (device.peak_flops * eff.matmul(model.hidden)) + 3 * 4 * tokens * model.vocab / lay.tp / device.hbm)
     boundary = 2 * tokens * model.hidden / (lay.tp if lay.sp else 1)
-    p2p = 2 * lay.vpp * _collective("send", boundary, lay, "pp", device)
+    p2p = 2 * lay.vpp * _collective("send", boundary, lay, "pp", device, eff)
     stages, priced = [], {}
     for i, n in enumerate(stage_layers(model.layers, lay.pp)):
         last = i == lay.pp - 1
@@ -124,7 +133,7 @@ def stage_times(model: ModelSpec, lay: Layout, device: Device, eff: Efficiency) 
     return stages
 
 
-def _dp_seconds(model: ModelSpec, lay: Layout, device: Device) -> tuple[float, float, float]:
+def _dp_seconds(model: ModelSpec, lay: Layout, device: Device, eff: Efficiency) -> tuple[float, float, float]:
     """(gradient reduction once per step, weight gather once per step, every micro-batch) seconds of the
     data-parallel collectives of the busiest stage's GPU.
     ZeRO-1 and -2 reduce-scatter the gradients once per step (Llama 3 accumulates them in fp32 over its
@@ -133,10 +142,10 @@ def _dp_seconds(model: ModelSpec, lay: Layout, device: Device) -> tuple[float, f
     grad = min(lay.grad_bytes, 4)                # DeepSpeed's bf16 + fp32 pair reduces the fp32 one
     reduce = gather = every = 0.0
     for params, axis in ((dense, "dp"), (experts, "edp")):
-        reduce_scatter = _collective("reduce_scatter", grad * params, lay, axis, device)
-        all_gather = _collective("all_gather", 2 * params, lay, axis, device)
+        reduce_scatter = _collective("reduce_scatter", grad * params, lay, axis, device, eff)
+        all_gather = _collective("all_gather", 2 * params, lay, axis, device, eff)
         if lay.zero == 0:
-            reduce += _collective("all_reduce", grad * params, lay, axis, device)
+            reduce += _collective("all_reduce", grad * params, lay, axis, device, eff)
         elif lay.zero in (1, 2):
             reduce, gather = reduce + reduce_scatter, gather + all_gather
         else:  # FSDP: gather forward, gather backward, reduce-scatter — every micro-batch
@@ -159,7 +168,7 @@ def step_time(model: ModelSpec, lay: Layout, device: str, eff: Efficiency | None
                         "zb-h1": (lay.pp - 1) / 3}[lay.pipeline_schedule]
     breakdown = {k: m * v for k, v in busiest.items()}
     breakdown["bubble"] = bubble_units * per_mb
-    reduce, gather, every = _dp_seconds(model, lay, hw)
+    reduce, gather, every = _dp_seconds(model, lay, hw, eff)
     compute = busiest["compute"] if lay.overlap_dp else 0.0
     # FSDP prefetches its gathers across a micro-batch's forward and backward; gradients reduce during the last
     # micro-batch's backward (2/3 of its compute); ZeRO-1/2's gather hides in the next forward only when asked

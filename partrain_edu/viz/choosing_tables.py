@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Callable
 
 from partrain_edu.theory.planner import (FAMILIES, GLOBAL_BATCH, MIN_CP_POSITIONS, SEQ, SIMPLICITY_MARGIN, Layout,
-                                         assumed_shape, candidate_layouts, plan)
+                                         assumed_shape, plan)
 from partrain_edu.units import parse_size
 
 
@@ -61,9 +61,8 @@ def fsdp_against_choice(size: str, gpus_list: list[int], gpu_memory: str = "80GB
     print(f"{'GPUs':>5}  {'planner':<31} {'seqs/replica':>12} {'step':>7} | {'best FSDP':>9}: "
           f"{'micro-batch':>11} {'recompute':>9} {'not hidden':>10} {'step':>7}")
     for gpus in gpus_list:
-        chosen = plan(size, gpus=gpus, gpu_memory=gpu_memory).layout
-        fsdp = min((lay for lay in candidate_layouts(size, gpus, gpu_memory) if lay.strategy == "fsdp"),
-                   key=lambda lay: (lay.step_time_s, lay.bytes_per_device))
+        p = plan(size, gpus=gpus, gpu_memory=gpu_memory)
+        chosen, fsdp = p.layout, p.families["fsdp"]
         split = f"{fsdp.micro_batch} × {fsdp.microbatches}"
         print(f"{gpus:>5}  {layout_text(chosen):<31} {GLOBAL_BATCH // chosen.dp:>12} {chosen.step_time_s:>5.1f} s | "
               f"{'':>9}  {split:>11} {fsdp.recompute:>9} {fsdp.exposed_dp_s:>8.1f} s {fsdp.step_time_s:>5.1f} s")
@@ -73,19 +72,18 @@ def family_table(size: str, gpus: int, gpu_memory: str = "80GB", seq: int = SEQ)
     """The fastest layout of each family (`planner.FAMILIES`, simplest first) with its step time against the
     fastest layout of all and the communication left on its critical path; "←" marks the planner's pick, the
     first family within `SIMPLICITY_MARGIN` of the fastest (the planner's estimates, in seconds)."""
-    layouts = candidate_layouts(size, gpus, gpu_memory, seq=seq)
-    fastest, chosen = min(lay.step_time_s for lay in layouts), plan(size, gpus, gpu_memory, seq=seq).layout
+    p = plan(size, gpus, gpu_memory, seq=seq)
+    fastest, chosen = p.top[0].step_time_s, p.layout
     print(f"{size} on {gpus} GPUs; the planner takes the simplest family within {SIMPLICITY_MARGIN:.2f}× the fastest")
     print(f"{'family':<8} {'its fastest layout':<34} {'micro-batch':>11} {'recompute':>9} {'step':>8} "
           f"{'× fastest':>9} {'comm. exposed':>13}")
     for name in FAMILIES:
-        mine = [lay for lay in layouts if lay.strategy == name]
-        if not mine:
+        lay = p.families[name]
+        if lay is None:
             print(f"{name:<8} " + (f"none searched: split in two, {seq} positions leave {seq // 2} per rank, "
                                    f"under {MIN_CP_POSITIONS}" if name == "cp" and seq // 2 < MIN_CP_POSITIONS
                                    else "no layout fits"))
             continue
-        lay = min(mine, key=lambda lay: (lay.step_time_s, lay.bytes_per_device))
         split = f"{lay.micro_batch} × {lay.microbatches}"
         print(f"{name:<8} {lay.text():<34} {split:>11} {lay.recompute:>9} {lay.step_time_s:>6.2f} s "
               f"{lay.step_time_s / fastest:>8.2f}× {lay.exposed_comm_s:>11.2f} s" + ("  ←" if lay == chosen else ""))
@@ -99,9 +97,9 @@ def seed_against_planner(seed: dict[str, str], gpus: int, gpu_memory: str = "80G
     print(f"{'model':>5}  {'the notes':<9} {'planner':<31} {'memory':>6} {'fastest':>8} | × fastest:"
           f" {'ddp':>5} {'fsdp':>5} {'fsdp-tp':>7} {'3d':>5}")
     for size, answer in seed.items():
-        layouts, chosen = candidate_layouts(size, gpus, gpu_memory), plan(size, gpus, gpu_memory).layout
-        fastest = min(lay.step_time_s for lay in layouts)
-        ratio = {f: min((lay.step_time_s for lay in layouts if lay.strategy == f), default=None) for f in FAMILIES}
-        cols = [f"{ratio[f] / fastest:.2f}" if ratio[f] else "—" for f in ("ddp", "fsdp", "fsdp-tp", "3d")]
+        p = plan(size, gpus, gpu_memory)
+        chosen, fastest = p.layout, p.top[0].step_time_s
+        cols = [f"{p.families[f].step_time_s / fastest:.2f}" if p.families[f] else "—"
+                for f in ("ddp", "fsdp", "fsdp-tp", "3d")]
         print(f"{size:>5}  {answer:<9} {layout_text(chosen):<31} {chosen.estimate.memory_fraction:>6.0%} "
               f"{fastest:>6.2f} s | {'':>10} {cols[0]:>5} {cols[1]:>5} {cols[2]:>7} {cols[3]:>5}")

@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from partrain_edu.theory.hardware import device_named
-from partrain_edu.theory.network import group_link
+from partrain_edu.theory.step_time import axis_link
 from partrain_edu.theory.planner import Plan, plan
 from partrain_edu.theory.traffic import LINKS, step_traffic
 from partrain_edu.units import format_bytes, format_count, parse_size
@@ -45,22 +45,18 @@ def layout_memory(chosen: Plan, params: int) -> dict[str, int]:
 def layout_traffic(chosen: Plan, params: int, gpus: int, gpus_per_node: int, interconnect: str) -> list[tuple]:
     """(group, bytes per step, link name, seconds) for the tp, pp and dp groups of the chosen layout.
 
-    Each group's seconds are its bytes over the link the model prices it on (`theory.network.group_link` with
-    the layout's `span`: NVLink inside a node; across nodes min(NVLink, k NICs) for k members per node), so the
+    Each group's seconds are its bytes over the link the model prices it on (`theory.step_time.axis_link`:
+    NVLink inside a node; across nodes min(NVLink, k NICs) for k members per node), so the
     bars agree with `estimate`; the link name is "nvlink" when one node holds the group, else `interconnect`.
     """
     lay, shape = chosen.layout, chosen.shape
     spread, device = lay.estimate.layout, device_named(lay.estimate.device)
-    nic = spread.network_gbps * 1e9 / 8 if spread.network_gbps else None     # as `step_time` reads it
     # tp and pp move this rank's seq/cp positions, as the planner prices them
     kw = dict(layers=shape.layers, hidden=shape.hidden, seq=chosen.seq // lay.cp, micro_batch=lay.micro_batch,
               microbatches=lay.microbatches)
 
     def seconds(axis: str, nbytes: float) -> tuple[str, float]:
-        members, per_node = spread.span(axis)
-        if members < 2 or not nbytes:
-            return ("nvlink" if per_node == members else interconnect), 0.0
-        link = group_link(device, members, per_node, nic=nic)
+        link = axis_link(spread, axis, device)            # what `estimate` prices this group's collectives on
         return ("nvlink" if link.fabric == "nvlink" else interconnect), nbytes / link.beta
 
     dp_name = "ddp" if lay.zero == 0 else f"zero{lay.zero}"

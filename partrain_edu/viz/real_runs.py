@@ -9,18 +9,16 @@ Megatron's recompute-counted TFLOP/s). Means are over sources (each paper weighs
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from unittest import mock
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from partrain_edu.theory import network
 from partrain_edu.theory.calibration import FITTED, Efficiency, terms
 from partrain_edu.theory.calibration_fit import fitting_rows, mean_abs, source_of
 from partrain_edu.theory.estimate import Estimate, estimate
 from partrain_edu.theory.hardware import device_named
+from partrain_edu.theory.network import DATASHEET
 from partrain_edu.theory.published_runs import metric_of
 from partrain_edu.viz.palette import FITS, INK, RANKS, clean
 
@@ -202,36 +200,26 @@ def known_misses(rows: list[Held]) -> None:
               f"error {h.error:+.1%}" + ("" if h.result.caveats else "   (no caveat applies)"))
 
 
-@contextmanager
-def _datasheet_links():
-    with mock.patch.dict(network.EFFICIENCY, {k: 1.0 for k in network.EFFICIENCY}):
-        yield
-
-
-def ablations() -> dict[str, tuple[object, bool]]:
-    """name: (efficiency terms per device, links at datasheet rate?): the fit, the fit less one term, and the
-    old planner's constant (400 TFLOP/s; it keeps the FlashAttention rate, the HBM-bound elementwise work and α)."""
+def ablations() -> dict[str, object]:
+    """name: efficiency terms per device: the fit, the fit less one term, and the old planner's constant (400
+    TFLOP/s and links at datasheet rate; it keeps the FlashAttention rate, the HBM-bound elementwise work and α)."""
     def minus(**changes):
         return lambda device: replace(terms(device), **changes)
-    return {"calibrated": (terms, False),
-            "matmuls at peak (η = 1)": (minus(matmul_max=1.0, half_width=0.0), False),
-            "stack = 1 (η_max = MAMF)": (lambda d: terms(d, {"shared": {**FITTED["shared"], "stack": 1.0}}), False),
-            "no per-layer overhead": (minus(layer_overhead_s=0.0), False),
-            "overlap costs nothing": (minus(overlap_cost=0.0), False),
-            "links at datasheet rate": (terms, True),
-            "400 TFLOP/s, links at datasheet": (
-                lambda device: Efficiency(400e12 / device_named(device).peak_flops, 0.0, 0.0, 0.0), True)}
+    return {"calibrated": terms,
+            "matmuls at peak (η = 1)": minus(matmul_max=1.0, half_width=0.0),
+            "stack = 1 (η_max = MAMF)": lambda d: terms(d, {"shared": {**FITTED["shared"], "stack": 1.0}}),
+            "no per-layer overhead": minus(layer_overhead_s=0.0),
+            "overlap costs nothing": minus(overlap_cost=0.0),
+            "links at datasheet rate": minus(links=DATASHEET),
+            "400 TFLOP/s, links at datasheet": lambda device: Efficiency(
+                400e12 / device_named(device).peak_flops, 0.0, 0.0, 0.0, links=DATASHEET)}
 
 
 def ablation_table(runs) -> None:
     """Mean |error| over sources, and the mean signed error per chip, with each term removed (no refit)."""
     print(f"{'efficiency terms':<32} {'mean |error|':>12} {'A100 rows':>10} {'H100 rows':>10} {'V100 rows':>10}")
-    for name, (eff_of, datasheet) in ablations().items():
-        if datasheet:
-            with _datasheet_links():
-                rows = held_against(runs, eff_of)
-        else:
-            rows = held_against(runs, eff_of)
+    for name, eff_of in ablations().items():
+        rows = held_against(runs, eff_of)
         per_source = [mean_abs([(0, h.error) for h in hs]) for hs in by_source(rows).values()]
         by = {chip: [h.error for h in rows if h.run.device.startswith(chip)] for chip in ("a100", "h100", "v100")}
         print(f"{name:<32} {sum(per_source) / len(per_source):>12.1%} " + " ".join(

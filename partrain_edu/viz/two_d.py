@@ -12,17 +12,15 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from partrain_edu.theory.batch_limit import fsdp_intensity, hardware_intensity
+from partrain_edu.theory.batch_limit import dp_bandwidth, fsdp_intensity, hardware_intensity
 from partrain_edu.theory.hardware import device_named
-from partrain_edu.theory.network import group_link
 from partrain_edu.viz.palette import FITS, INK, OVER, clean
 
 
 def dp_thresholds(device, gpus: int, tp: int, gpus_per_node: int = 8, flops: float | None = None) -> float:
-    """F/β for FSDP's dp group of a G-GPU grid with tp inside each node: β = `group_link`'s, k = node/tp per node."""
+    """F/β for FSDP's dp group of a G-GPU grid with tp inside each node (`batch_limit.dp_bandwidth`)."""
     device = device_named(device) if isinstance(device, str) else device
-    members, per_node = gpus // tp, min(gpus // tp, gpus_per_node // tp)
-    beta = group_link(device, members, per_node).beta
+    beta = dp_bandwidth(device, tp, gpus_per_node, gpus)
     return hardware_intensity(device.peak_flops if flops is None else flops, beta)
 
 

@@ -24,13 +24,14 @@ from fractions import Fraction
 from partrain_edu.grading.registry import register
 from partrain_edu.theory.hardware import DEVICES
 from partrain_edu.theory.memory import gpt_param_count
+from partrain_edu.theory.network import DATASHEET, group_link
 
 A100, H100 = DEVICES["a100"], DEVICES["h100"]
 A100_NIC, A100_NVLINK = (A100.peak_flops, A100.nic), (A100.peak_flops, A100.nvlink)
 H100_NIC, H100_NVLINK = (H100.peak_flops, H100.nic), (H100.peak_flops, H100.nvlink)
 # A group with all 8 GPUs of each node crosses the network on the node's 8 NICs (NCCL: one ring per NIC), capped by
 # NVLink: β per GPU = min(NVLink, 8 · NIC), `theory.network.group_link` at the datasheet (the givens' "8 NICs").
-H100_NODES = (H100.peak_flops, min(H100.nvlink, 8 * H100.nic))
+H100_NODES = (H100.peak_flops, group_link(H100, 16, 8, efficiency=DATASHEET).beta)
 # Powers of two: every time a learner computes is then exact in floating point, so the bound is hit exactly.
 EXACT = (2.0**50, 2.0**36)
 PSI_7_5B = gpt_param_count(36, 4096, vocab=51200, seq=2048)  # Megatron's 7.5B, 36 × 4096 (Narayanan et al., Table 1)
