@@ -77,10 +77,10 @@ def observations(causal_output) -> str:
 
 def test_verify_accepts_torch_attention_and_the_ring_traffic():
     causal = observations(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-    assert verify(spec_of("ring_attention", 1), causal) == []
+    assert verify(spec_of("ring_attention", 1), causal, 0) == []
 
 
 def test_verify_names_a_causal_flag_that_was_ignored():
-    problems = verify(spec_of("ring_attention", 1), observations(F.scaled_dot_product_attention))
+    problems = verify(spec_of("ring_attention", 1), observations(F.scaled_dot_product_attention), 0)
     assert problems and "causal, output of rank" in problems[0], problems
     assert "that is non-causal attention" in problems[0] and "hide every key after its query" in problems[0]

@@ -2,9 +2,10 @@
 
 On the ranks, the observe half writes plain JSON data: `tensor(t)` for a tensor, `traffic(tracer)` for the
 collectives a CommTracer saw. The ranks run the learner's code, so what they publish may be anything: not
-JSON, the wrong shape, strings for numbers, huge lists, NaN. `verify(spec, text)` decodes the text with
+JSON, the wrong shape, strings for numbers, huge lists, NaN. `verify(spec, text, seed)` decodes the text with
 `json.loads` only (nothing the ranks made is ever unpickled or evaluated), hands each rank's part to the check's
-verify half, and words the verdict: the first failing rank's problems, naming the other ranks that failed too.
+verify half, and words the verdict: the problems of the rank whose first problem arose earliest in the run (a
+`registry.Problem` says when; else the lowest failing rank), naming the other ranks that failed too.
 The verify halves read their rank's part through `Reader`, whose every accessor checks type, length and size and
 raises `Malformed` — which becomes a one-line problem, never a traceback.
 """
@@ -163,6 +164,13 @@ class Reader:
             raise Malformed(f"{self.where} holds a number out of range ({err})") from None
 
 
+def _when(problem: str, rank: int) -> tuple:
+    """The order in which failed ranks are told: the earliest `Problem.at` first (a plain string problem has no
+    time and comes after those that do), then the lowest rank."""
+    at = getattr(problem, "at", None)
+    return (at is None or at == (), at or (), rank)
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -184,8 +192,9 @@ def decode(text: Any, nproc: int) -> list[Reader]:
     return [Reader(r.value, f"rank {i}'s observations") for i, r in enumerate(ranks)]
 
 
-def verify(spec, text: Any) -> list[str]:
-    """The learner-facing problems of rank check `spec` on the published observations `text` (empty: passed)."""
+def verify(spec, text: Any, seed: int) -> list[str]:
+    """The learner-facing problems of rank check `spec` on the published observations `text` of the run drawn
+    from `seed` (empty: passed)."""
     try:
         ranks = decode(text, spec.nproc)
     except Malformed as err:
@@ -193,12 +202,12 @@ def verify(spec, text: Any) -> list[str]:
     report = {}
     for rank, reader in enumerate(ranks):
         try:
-            report[rank] = spec.verify(rank, spec.nproc, reader)
+            report[rank] = spec.verify(rank, spec.nproc, reader, seed=seed)
         except Malformed as err:
             report[rank] = [f"malformed observations ({err}): did your code change what the check records?"]
         except Exception as err:  # data no accessor foresaw: still one line, never the grader's traceback
             report[rank] = [f"the observations could not be checked ({type(err).__name__}: {str(err)[:200]})"]
-    failed = [rank for rank, problems in report.items() if problems]
+    failed = sorted((rank for rank, problems in report.items() if problems), key=lambda r: _when(report[r][0], r))
     if not failed:
         return []
     also = f" (rank(s) {failed[1:]} failed this check too)" if len(failed) > 1 else ""

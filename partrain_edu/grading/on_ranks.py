@@ -35,15 +35,16 @@ def namespace_for(spec: Check) -> dict[str, Any]:
     return {"torch": torch, "dist": dist, "nn": nn, "F": F, "math": math, **spec.given}
 
 
-def observe_on_ranks(spec: Check, sources: list[Source], timeout: float) -> str:
-    """The published JSON text of check `spec` run on `spec.nproc` ranks with the learner's `sources`."""
+def observe_on_ranks(spec: Check, sources: list[Source], timeout: float, seed: int) -> str:
+    """The published JSON text of check `spec` run on `spec.nproc` ranks with the learner's `sources`, on the
+    configurations drawn from `seed`."""
     from partrain_edu.launcher import TorchrunError, torchrun
     from partrain_edu.launcher.status_line import RankStatus
 
     with tempfile.TemporaryDirectory(prefix="partrain_check_") as tmp:
         job = Path(tmp) / "job.json"
         job.write_text(json.dumps({"check": spec.name, "sources": [s.text for s in sources],
-                                   "names": [s.name for s in sources]}))
+                                   "names": [s.name for s in sources], "seed": seed}))
         try:  # in a notebook, a line while it waits: "check: waiting for 4 ranks (23 s, limit 60 s)"
             with RankStatus(spec.nproc, timeout, starting="check: starting {n} ranks… {s} s{up}",
                             running="check: waiting for {n} ranks ({s} s, {limit})") as status:
@@ -65,13 +66,21 @@ def observe_on_ranks(spec: Check, sources: list[Source], timeout: float) -> str:
 
 
 def explain_failure(err, spec: Check, timeout: float, sources: list[Source]) -> str:
-    """Why the launch failed, for the learner: not implemented, a deadlock (with the check's hint), or the
-    error a rank raised with the learner's own frames."""
+    """Why the launch failed, for the learner: not implemented, a message size mismatch or a deadlock (each with
+    the check's hint), or the error a rank raised with the learner's own frames."""
+    from partrain_edu.launcher.diagnose.oneshot import gloo_sizes
+
     tb = err.rank_traceback or str(err)
     last = [line[:500] for line in tb.strip().splitlines() if line.strip()][-1:] or [""]
     where = f"rank {err.rank}" if err.rank is not None else "the ranks"
     if "NotImplementedError" in last[0]:
         return f"{where}: " + not_implemented(last[0].split("NotImplementedError", 1)[1].lstrip(": "))
+    sizes = gloo_sizes(tb + "\n" + "\n".join(err.outputs.values()) + "\n" + str(err))
+    if sizes is not None:  # Gloo's raw "enforce fail … 12 vs 8", in the learner's terms
+        got, expected = sizes
+        return (f"{where}: a message of {got} bytes arrived where the receiving call expected {expected} bytes "
+                "(Gloo stopped the run): two ranks disagree on a message — who sends to whom, or how many "
+                f"elements. {spec.mismatch_hint or 'Every send must meet a receive of the same size from that rank.'}")
     if err.timed_out or "timed out" in tb.lower() or "timeout" in last[0].lower():
         return (f"{where}: timed out (limit {timeout:g} s) — the ranks waited on each other forever. "
                 f"{spec.deadlock_hint or 'Every rank must make the same calls in the same order.'}")

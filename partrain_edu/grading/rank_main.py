@@ -17,7 +17,7 @@ from partrain_edu.grading.runner import spec_of
 
 
 def main() -> None:
-    """On each rank: JOB = {"check", "sources", "names"}; rank 0 publishes "observations", a JSON text of the
+    """On each rank: JOB = {"check", "sources", "names", "seed"}; rank 0 publishes "observations", a JSON text of the
     list of every rank's observations."""
     from partrain_edu import runtime
 
@@ -30,7 +30,7 @@ def main() -> None:
     for source, name in zip(job["sources"], job["names"]):
         exec(compile(source, f"<your {name}>", "exec"), namespace)
         functions.append(namespace[name])
-    mine = spec.observe(ctx, *functions)
+    mine = spec.observe(ctx, *functions, seed=job["seed"])
     everyone = [None] * ctx.world_size
     dist.all_gather_object(everyone, mine)
     runtime.publish("observations", json.dumps(everyone))  # text, not objects: the caller only json-decodes it

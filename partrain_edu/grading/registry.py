@@ -7,7 +7,9 @@ Each module of checks/ registers its checks here, once each, with `register(name
 - a multi-rank check also names its `observe(ctx, *learner_functions) -> observations` half, which runs on
   `nproc` ranks beside the learner's code, and the helpers (`given`, from givens/) that code may call there;
   `verify(rank, n, observed)` then judges one rank's observations in the caller (observations.verify).
-Problems are strings worded for the learner; none means a pass. runner.py runs the checks.
+Problems are strings worded for the learner (a `Problem` also says when in the run it arose); none means a pass.
+Every run draws its configurations from a fresh seed (trials.py): verify halves take `seed=`, as observe halves
+do. runner.py runs the checks.
 """
 from __future__ import annotations
 
@@ -44,6 +46,19 @@ def _hanging_indent(line: str) -> str:
     return lead + "  " if line.lstrip().startswith("- ") else lead
 
 
+class Problem(str):
+    """A problem worded for the learner that also says when in the run it arose (`at`: (step, phase, ...), any
+    tuple a check orders its quantities by). Across ranks, the problem that arose first is the one told
+    (observations.verify): a wrong output on rank 1 comes before the wrong gradient it causes on rank 0."""
+
+    at: tuple
+
+    def __new__(cls, text: str, at: tuple = ()):
+        problem = super().__new__(cls, text)
+        problem.at = tuple(at)
+        return problem
+
+
 class LearnerError(Exception):
     """A rank failed or hung, or the learner's code misbehaved; the message is already worded for the learner."""
 
@@ -56,6 +71,7 @@ class Check:
     verify: Callable             # in-process: verify(*objects); multi-rank: verify(rank, n, observed)
     summary: str                 # what a pass means, printed on success
     deadlock_hint: str = ""      # the likely mismatch when the ranks time out
+    mismatch_hint: str = ""      # the likely mistake when a message arrives with a size its receiver did not expect
     observe: Callable | None = None                          # multi-rank: observe(ctx, *learner_functions)
     given: Mapping[str, Any] = field(default_factory=dict)   # what the learner's functions may call on the ranks
 
@@ -64,7 +80,8 @@ CHECKS: dict[str, Check] = {}
 
 
 def register(name: str, *, nproc: int = 0, arity: int = 1, summary: str, deadlock_hint: str = "",
-             observe: Callable | None = None, given: Mapping[str, Any] | None = None) -> Callable:
+             mismatch_hint: str = "", observe: Callable | None = None,
+             given: Mapping[str, Any] | None = None) -> Callable:
     """Register check `name` with the decorated function as its verify half (see the module's docstring)."""
     if (observe is None) != (nproc == 0):
         raise ValueError(f"check {name!r}: a multi-rank check (nproc > 0), and only one, has an observe half")
@@ -72,7 +89,8 @@ def register(name: str, *, nproc: int = 0, arity: int = 1, summary: str, deadloc
     def wrap(verify: Callable) -> Callable:
         if name in CHECKS:
             raise ValueError(f"check {name!r} is registered twice")
-        CHECKS[name] = Check(name, nproc, arity, verify, summary, deadlock_hint, observe, dict(given or {}))
+        CHECKS[name] = Check(name, nproc, arity, verify, summary, deadlock_hint, mismatch_hint, observe,
+                             dict(given or {}))
         return verify
     return wrap
 

@@ -17,6 +17,7 @@ from typing import Any, Callable
 from partrain_edu.grading.imports import course_imports
 from partrain_edu.grading.learner_code import source_of, unanswered
 from partrain_edu.grading.registry import CHECKS, Check, CheckFailed, CheckResult, LearnerError, not_implemented
+from partrain_edu.grading.trials import again, fresh_seed
 
 DEFAULT_TIMEOUT_S = 60.0
 _deferred = False  # set by the grading kernel (headless/kernel.py): there the grader runs every check afterwards
@@ -46,23 +47,26 @@ def spec_of(name: str, count: int) -> Check:
     return spec
 
 
-def run_check(name: str, *objects: Any, timeout: float | None = None) -> CheckResult:
-    """Grade without raising: the CheckResult of check `name` on the learner's `objects`."""
+def run_check(name: str, *objects: Any, timeout: float | None = None, seed: int | None = None) -> CheckResult:
+    """Grade without raising: the CheckResult of check `name` on the learner's `objects`, on the configurations
+    drawn from `seed` (a fresh one when None: trials.py)."""
     spec = spec_of(name, len(objects))
     limit = timeout or DEFAULT_TIMEOUT_S
+    seed = fresh_seed() if seed is None else seed
     refused = course_imports(objects)
     if refused:
-        return graded(spec, lambda: [refused])
+        return graded(spec, lambda: [refused], seed)
     if spec.nproc == 0:
         def run() -> list[str]:
             with time_limit(limit, name):
-                return spec.verify(*objects)
-        return graded(spec, run)
-    return graded(spec, lambda: _run_on_ranks(spec, objects, limit))
+                return spec.verify(*objects, seed=seed)
+        return graded(spec, run, seed)
+    return graded(spec, lambda: _run_on_ranks(spec, objects, limit, seed), seed)
 
 
-def graded(spec: Check, run: Callable[[], list[str]]) -> CheckResult:
-    """The verdict of `run()` (the check's problems), with the learner's errors turned into problems."""
+def graded(spec: Check, run: Callable[[], list[str]], seed: int | None = None) -> CheckResult:
+    """The verdict of `run()` (the check's problems on the configurations of `seed`; None: it drew none), with the
+    learner's errors turned into problems."""
     try:
         problems = run()
     except NotImplementedError as exc:
@@ -72,9 +76,11 @@ def graded(spec: Check, run: Callable[[], list[str]]) -> CheckResult:
     except Exception as exc:  # the learner's code crashed in-process: report it, do not kill the kernel
         problems = [f"your code raised {type(exc).__name__}: {exc}"]
     if problems:
-        return CheckResult(spec.name, False, f"✗ {spec.name} failed:\n  - " + "\n  - ".join(problems),
-                           {"problems": problems})
-    return CheckResult(spec.name, True, f"✓ {spec.name} passed: {spec.summary}")
+        message = f"✗ {spec.name} failed:\n  - " + "\n  - ".join(problems)
+        if seed is None:
+            return CheckResult(spec.name, False, message, {"problems": problems})
+        return CheckResult(spec.name, False, f"{message}\n{again(spec.name, seed)}", {"problems": problems, "seed": seed})
+    return CheckResult(spec.name, True, f"✓ {spec.name} passed: {spec.summary}", {"seed": seed})
 
 
 @contextlib.contextmanager
@@ -97,14 +103,14 @@ def time_limit(seconds: float, name: str):
         signal.signal(signal.SIGALRM, previous)
 
 
-def check(name: str, *objects: Any, timeout: float | None = None) -> None:
-    """Grade the learner's `objects` with check `name`: print a pass, or raise CheckFailed (an AssertionError)
-    that says why.
+def check(name: str, *objects: Any, timeout: float | None = None, seed: int | None = None) -> None:
+    """Grade the learner's `objects` with check `name` on fresh configurations (or those of `seed`): print a
+    pass, or raise CheckFailed (an AssertionError) that says why.
     Returns nothing, so a notebook cell shows only the verdict (`run_check` returns the CheckResult)."""
     if _deferred:
         print(f"check {name!r}: the grader runs it after your notebook")
         return
-    result = run_check(name, *objects, timeout=timeout)
+    result = run_check(name, *objects, timeout=timeout, seed=seed)
     if not result.passed:
         raise CheckFailed(result.message)
     print(result.message)
@@ -116,7 +122,7 @@ def defer_checks() -> None:
     _deferred = True
 
 
-def _run_on_ranks(spec: Check, objects: tuple, timeout: float) -> list[str]:
+def _run_on_ranks(spec: Check, objects: tuple, timeout: float, seed: int) -> list[str]:
     from partrain_edu.grading.observations import verify
     from partrain_edu.grading.on_ranks import observe_on_ranks
 
@@ -125,4 +131,4 @@ def _run_on_ranks(spec: Check, objects: tuple, timeout: float) -> list[str]:
         message = unanswered(source)
         if message is not None:
             return [message]
-    return verify(spec, observe_on_ranks(spec, sources, timeout))
+    return verify(spec, observe_on_ranks(spec, sources, timeout, seed), seed)

@@ -65,7 +65,7 @@ def _count(module: nn.Module, args: tuple, now: list, i: int) -> None:
     now[0][i] += 1
 
 
-def observe(ctx, forward_under_budget) -> list[dict]:
+def observe(ctx, forward_under_budget, *, seed: int) -> list[dict]:
     runs = []
     for budget in BUDGETS:
         blocks, x = blocks_and_input()  # fresh for each budget: nothing the learner did to the last one stays
@@ -159,7 +159,7 @@ def cheapest(budget: int) -> tuple[int, tuple]:
           summary="for budgets of 2450, 3000 and 4500 bytes the output and "
           "every gradient equal the plain model's, the saved activations fit each budget, and the FLOPs "
           "recomputed in backward are the least of every plan that fits (Chen et al. 2016)")
-def verify(me: int, n: int, observed: Reader) -> list[str]:
+def verify(me: int, n: int, observed: Reader, *, seed: int) -> list[str]:
     blocks, x = blocks_and_input()
     x.requires_grad_()
     with torch.enable_grad():

@@ -195,14 +195,14 @@ def _degree_check(fn, cases, slack_of, times, hints, *, what: str, cancels: str,
 
 @register("max_dp_degree", summary="the largest data-parallel degree whose gradient all-reduce (ring, bf16) hides "
           "behind backward, 1 + ⌊Tβ/F⌋, on 6 cases incl. 7.5B on H100s and a bound hit exactly")
-def max_dp_degree_check(max_dp_degree) -> list[str]:
+def max_dp_degree_check(max_dp_degree, *, seed: int) -> list[str]:
     return _degree_check(max_dp_degree, DP_CASES, dp_slack, dp_times, DP_HINTS, cancels="Ψ",
                          what="all-reduce takes no longer than backward", exact="(N−1)·F ≤ T·β, or solve for N")
 
 
 @register("max_fsdp_degree", summary="the largest ZeRO-3 degree whose all-gathers and reduce-scatters hide behind "
           "forward and backward: 1.5× DDP's bytes, the same bound, on 6 cases incl. 7.5B on H100s")
-def max_fsdp_degree_check(max_fsdp_degree) -> list[str]:
+def max_fsdp_degree_check(max_fsdp_degree, *, seed: int) -> list[str]:
     return _degree_check(max_fsdp_degree, FSDP_CASES, dp_slack, fsdp_times, FSDP_HINTS, cancels="Ψ",
                          what="collectives take no longer than the pass they overlap",
                          exact="(N−1)·F ≤ T·β, or solve for N")
@@ -210,7 +210,7 @@ def max_fsdp_degree_check(max_fsdp_degree) -> list[str]:
 
 @register("max_tp_degree", summary="the largest Megatron tensor-parallel degree whose forward all-reduces take no "
           "longer than the forward's 24bsh²/t FLOPs, 1 + ⌊3hβ/F⌋, on 6 cases from 7.5B to GPT-3")
-def max_tp_degree_check(max_tp_degree) -> list[str]:
+def max_tp_degree_check(max_tp_degree, *, seed: int) -> list[str]:
     return _degree_check(max_tp_degree, TP_CASES, tp_slack, tp_times, TP_HINTS, cancels="the tokens",
                          what="forward all-reduces take no longer than the forward",
                          exact="(t−1)·F ≤ 3·h·β, or solve for t")
@@ -218,7 +218,7 @@ def max_tp_degree_check(max_tp_degree) -> list[str]:
 
 @register("min_dp_batch", summary="the smallest global batch (whole sequences on every device) that keeps N "
           "data-parallel devices compute-bound, on 6 cases from 1 to 1024 H100s")
-def min_dp_batch_check(min_dp_batch) -> list[str]:
+def min_dp_batch_check(min_dp_batch, *, seed: int) -> list[str]:
     for label, args in BATCH_CASES:
         n, seq = args[0], args[1]
         want, got = min_batch(*args), min_dp_batch(*args)

@@ -63,7 +63,7 @@ class _AllReduceCalls:
         dist.all_reduce = self.traced
 
 
-def observe(ctx, register_bucket_hooks) -> list[dict]:
+def observe(ctx, register_bucket_hooks, *, seed: int) -> list[dict]:
     model = toy_model()
     params = list(model.parameters())
     calls = _AllReduceCalls(params)
@@ -87,7 +87,7 @@ def observe(ctx, register_bucket_hooks) -> list[dict]:
           "leave with async_op=True, the first before backward has produced the last gradient",
           deadlock_hint="Likely: the ranks launch their buckets' all-reduces in different orders or numbers — "
           "every rank must all-reduce the same buckets in the same order.")
-def verify(me: int, n: int, observed: Reader) -> list[str]:
+def verify(me: int, n: int, observed: Reader, *, seed: int) -> list[str]:
     reference = toy_model()
     params = list(reference.parameters())
     buckets = len(plan_buckets(params, DDP_CAP_BYTES))

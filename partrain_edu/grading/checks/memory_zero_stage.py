@@ -22,7 +22,7 @@ def reference_total(params: int, dp: int, zero: int) -> int:
 
 @register("model_state_bytes", summary="bytes per device match the ZeRO paper (2Ψ + 2Ψ + 12Ψ, each term "
           "divided by N_d from its stage on) for 7 models, including Ψ = 7.5B on 64 GPUs")
-def verify_state_bytes(model_state_bytes) -> list[str]:
+def verify_state_bytes(model_state_bytes, *, seed: int) -> list[str]:
     for params, dp, zero in MEMORY_CASES:
         want, got = reference_total(params, dp, zero), model_state_bytes(params, dp, zero)
         if got != want:
@@ -46,7 +46,7 @@ def reference_stage(params: int, dp: int, device_bytes: int) -> int | None:
 
 @register("zero_stage", summary="the lowest ZeRO stage whose model states fit (None when even ZeRO-3 does not) "
           "for 7 models and GPU sizes")
-def verify_zero_stage(smallest_zero_stage) -> list[str]:
+def verify_zero_stage(smallest_zero_stage, *, seed: int) -> list[str]:
     for params, dp, device in ZERO_CASES:
         want, got = reference_stage(params, dp, device), smallest_zero_stage(params, dp, device)
         if got != want:

@@ -17,7 +17,7 @@ PIPELINE_CASES = [(4, 8), (4, 4), (3, 2), (2, 5), (1, 3)]
 
 @register("one_f_one_b", summary="every stage runs each micro-batch's F and B once, the schedule never "
           "deadlocks, its bubble is (p−1)/(m+p−1) and stage s holds at most min(p−s, m) activations (1F1B)")
-def verify(one_f_one_b) -> list[str]:
+def verify(one_f_one_b, *, seed: int) -> list[str]:
     for p, m in PIPELINE_CASES:
         lists = one_f_one_b(p, m)
         where = f"{p} stages, {m} micro-batches"

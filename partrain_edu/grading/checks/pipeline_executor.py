@@ -44,7 +44,7 @@ def batch() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
                 [torch.rand(BATCH, HIDDEN) * 2 - 1 for _ in range(MICROBATCHES)])
 
 
-def observe(ctx, one_f_one_b_step) -> dict:
+def observe(ctx, one_f_one_b_step, *, seed: int) -> dict:
     # torch imports this (and sympy) at a process's first backward given a gradient: seconds, which every
     # stage would otherwise spend in turn while its neighbours wait, inside the step.
     import torch.fx.experimental.symbolic_shapes  # noqa: F401
@@ -125,7 +125,7 @@ def explain(per_mb: list[torch.Tensor], got) -> str:
           "send_forward_recv_backward / send_backward_recv_forward (Megatron-LM does). Or a receive comes "
           "before the send it waits for (recv_backward before send_forward), or a stage's warm-up is not "
           "p − s − 1 forwards, so it waits for a message its neighbour sends later.")
-def verify(me: int, n: int, observed: Reader) -> list[str]:
+def verify(me: int, n: int, observed: Reader, *, seed: int) -> list[str]:
     m, where = MICROBATCHES, f"stage {me} of {n}"
     per_mb, losses, saved = contributions(me)
     if me == n - 1:

@@ -67,7 +67,7 @@ def _stride_text(dim: str, dp: int, tp: int) -> str:
 
 @register("groups_inside_node", summary="which of tp, dp, pp keep every group inside one node matches "
           "Megatron-Core's rank order for 7 jobs, among them 64 GPUs = tp 8 × dp 4 × pp 2 on 8-GPU nodes")
-def groups_inside_node_check(groups_inside_node) -> list[str]:
+def groups_inside_node_check(groups_inside_node, *, seed: int) -> list[str]:
     for dp, tp, pp, per_node in NODE_CASES:
         where = f"dp={dp}, tp={tp}, pp={pp} on {per_node}-GPU nodes ({dp * tp * pp} GPUs)"
         want, got = inside_node(dp, tp, pp, per_node), groups_inside_node(dp, tp, pp, per_node)
@@ -87,7 +87,7 @@ NPROC = 8
 GRIDS = [(2, 2, 2), (2, 1, 4)]  # (dp, tp, pp): all three dimensions; then unequal sizes, so none is mistaken
 
 
-def observe(ctx, build_groups) -> list[dict]:
+def observe(ctx, build_groups, *, seed: int) -> list[dict]:
     """Per grid: for each of tp, dp, pp, the ranks the returned group claims and the sum of 2^rank over it."""
     runs = []
     for dp, tp, pp in GRIDS:
@@ -148,7 +148,7 @@ def group_problem(dim: str, me: int, dp: int, tp: int, pp: int, seen: Reader) ->
           "collective: every rank must call it for every group, also the groups it is not in, in the same "
           "order (or pass use_local_synchronization=True); and every rank all-reduces over its tp, dp, pp "
           "groups in that order, so a group must have the same members on each of its ranks.")
-def build_groups_check(me: int, n: int, observed: Reader) -> list[str]:
+def build_groups_check(me: int, n: int, observed: Reader, *, seed: int) -> list[str]:
     for (dp, tp, pp), run in zip(GRIDS, observed.items(len(GRIDS))):
         returned = str(run["returned"].value)[:60]
         if returned != "dict":

@@ -45,7 +45,7 @@ COLLECTIVES = {"all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gat
                "all_gather_single"}
 
 
-def observe(ctx, ring_all_reduce) -> list[dict]:
+def observe(ctx, ring_all_reduce, *, seed: int) -> list[dict]:
     runs = []
     for numel in RING_LENGTHS:
         tensor_in = ring_input(numel, ctx.rank)
@@ -61,7 +61,7 @@ def observe(ctx, ring_all_reduce) -> list[dict]:
           deadlock_hint="Likely: every rank posts a blocking recv (or send) first, so all wait for a message "
           "nobody sends — post the receive with irecv and the send with isend, then wait on both; or two "
           "neighbours disagree on a chunk's size (use the same chunk boundaries on every rank).")
-def verify(me: int, n: int, observed: Reader) -> list[str]:
+def verify(me: int, n: int, observed: Reader, *, seed: int) -> list[str]:
     for numel, run in zip(RING_LENGTHS, observed.items(len(RING_LENGTHS))):
         given = [ring_input(numel, r) for r in range(n)]
         mine, expected = given[me], torch.stack(given).sum(0)

@@ -48,7 +48,7 @@ def loss_weights() -> torch.Tensor:
     return torch.arange(HEADS * SEQ * DIM, dtype=torch.float32).reshape(HEADS, SEQ, DIM).sin()
 
 
-def observe(ctx, ring_attention) -> list[dict]:
+def observe(ctx, ring_attention, *, seed: int) -> list[dict]:
     runs = []
     for causal in MODES:
         q, k, v = (t[:, rows(ctx.rank)].clone().requires_grad_() for t in full_qkv())
@@ -190,7 +190,7 @@ GRAD_HINTS = ("dQ flows through your own forward ops: build the output with torc
           "block it received (causal: a block from a later rank), so that pass's output never reached the loss and its "
           "backward — which sends the gradient back — never ran there. Keep every block in the computation, fully "
           "masked, and pass on every rank alike.")
-def verify(me: int, n: int, observed: Reader) -> list[str]:
+def verify(me: int, n: int, observed: Reader, *, seed: int) -> list[str]:
     q, k, v = (t.double().requires_grad_() for t in full_qkv())
     for causal, seen in zip(MODES, observed.items(len(MODES))):
         mode = "causal" if causal else "non-causal"

@@ -48,7 +48,7 @@ def loss_weights(y: torch.Tensor) -> torch.Tensor:
     return torch.arange(y.numel()).reshape(y.shape).sin()
 
 
-def observe_f_g(ctx, *functions: Callable) -> list[dict]:
+def observe_f_g(ctx, *functions: Callable, seed: int) -> list[dict]:
     x = fg_input(ctx.rank)
     calls = []
     for fn in functions:  # in the order of FG_NAMES
@@ -70,7 +70,7 @@ FG_HINTS = {"f forward": "f's forward is the identity: every rank already holds 
 @register("tp_f_g", nproc=2, arity=4, observe=observe_f_g,
           summary="f is identity forward / all-reduce backward and g is all-reduce "
           "forward / identity backward (Megatron's conjugate pair), one all-reduce each")
-def verify_f_g(me: int, n: int, observed: Reader) -> list[str]:
+def verify_f_g(me: int, n: int, observed: Reader, *, seed: int) -> list[str]:
     x = fg_input(me)
     summed = torch.stack([fg_input(r) for r in range(n)]).sum(0)
     for what, seen in zip(FG_NAMES, observed.items(len(FG_NAMES))):
@@ -108,7 +108,7 @@ class _G(torch.autograd.Function):
         return grad
 
 
-def observe_mlp(ctx, parallel_mlp) -> dict:
+def observe_mlp(ctx, parallel_mlp, *, seed: int) -> dict:
     fc, proj, x = mlp_layers()
     cols = mlp_columns(ctx.rank, ctx.world_size)
     w1 = fc.weight.detach()[cols].clone().requires_grad_()       # (4h/t, h): column parallel
@@ -130,7 +130,7 @@ def observe_mlp(ctx, parallel_mlp) -> dict:
           summary="the column→row parallel MLP equals the full MLP in output and in every "
           "gradient (dL/dX and each weight shard), with one all-reduce forward and one backward",
           deadlock_hint="Likely: a rank skips f or g, or calls a collective the other rank does not.")
-def verify_mlp(me: int, n: int, observed: Reader) -> list[str]:
+def verify_mlp(me: int, n: int, observed: Reader, *, seed: int) -> list[str]:
     fc, proj, x = mlp_layers()
     x.requires_grad_()
     with torch.enable_grad():

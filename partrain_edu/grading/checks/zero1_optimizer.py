@@ -28,7 +28,7 @@ def zero1_grad(step: int, rank: int) -> torch.Tensor:
     return torch.randn(ZERO1_NUMEL, generator=torch.Generator().manual_seed(7 * step + rank))
 
 
-def observe(ctx, zero1_step) -> list[dict]:
+def observe(ctx, zero1_step, *, seed: int) -> list[dict]:
     param = zero1_start()
     momentum = torch.zeros(ZERO1_NUMEL // ctx.world_size)  # this rank's shard: what ZeRO-1 keeps
     steps = []
@@ -45,7 +45,7 @@ def observe(ctx, zero1_step) -> list[dict]:
           "(what plain data parallelism sends) by reduce-scatter and all-gather",
           deadlock_hint="Likely: one rank skips a collective (e.g. only the owner all-gathers) — reduce-scatter "
           "and all-gather are called by every rank.")
-def verify(me: int, n: int, observed: Reader) -> list[str]:
+def verify(me: int, n: int, observed: Reader, *, seed: int) -> list[str]:
     numel, lr, beta = ZERO1_NUMEL, ZERO1_LR, ZERO1_BETA
     bounds = chunk_bounds(numel, n)
     expected_param = zero1_start()

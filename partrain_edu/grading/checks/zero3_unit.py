@@ -110,7 +110,7 @@ def _loss(value) -> dict:
     return tensor(torch.tensor(float(value)) if isinstance(value, (int, float)) else value)
 
 
-def observe(ctx, fsdp_step) -> list[dict]:
+def observe(ctx, fsdp_step, *, seed: int) -> list[dict]:
     n, me = ctx.world_size, ctx.rank
     # this rank's 1/n of each flat tensor, a leaf that requires grad: FSDP's sharded FlatParameter
     shards = [shard(flat(layer.weight, layer.bias, n), me, n).requires_grad_() for layer in pieces(model())]
@@ -265,7 +265,7 @@ SUMMARY = (f"{STEPS} SGD steps on 2 ranks equal one process on both batches; eac
 @register("zero3_unit", nproc=2, observe=observe, given={"gather": tracked_gather, "views": views}, summary=SUMMARY,
           deadlock_hint="Likely: the ranks make different collectives or in another order — every rank gathers "
           "and reduce-scatters the same units in the same order (autograd runs backward in reverse on each).")
-def verify(me: int, n: int, observed: Reader) -> list[str]:
+def verify(me: int, n: int, observed: Reader, *, seed: int) -> list[str]:
     net, size = model(), nbytes(n)
     steps = observed.items(STEPS)
     for step, seen in enumerate(steps):

@@ -105,7 +105,7 @@ def run_check_command(args: argparse.Namespace) -> int:
         for path in paths:
             if not args.json:
                 print(f"grading {path} ...", file=sys.stderr)
-            nb = grade_notebook(path, args.exercise or exercise_of(path), isolation, args.timeout)
+            nb = grade_notebook(path, args.exercise or exercise_of(path), isolation, args.timeout, args.seed)
             notebooks.append(nb)
             if gradebook:
                 gradebook.add(nb)
@@ -129,4 +129,7 @@ def add_subcommands(subparsers) -> None:
                    help="wall-clock seconds one notebook may take, cells and checks together (default 600)")
     p.add_argument("--exercise", default=None,
                    help="grade every notebook as this exercise (default: the exercise each file is named after)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="draw every check's configurations from this seed (default: a fresh one per check, so no "
+                   "answer table copied from earlier runs fits; each check's report names its seed)")
     p.set_defaults(func=run_check_command)

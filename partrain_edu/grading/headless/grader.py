@@ -32,6 +32,7 @@ from partrain_edu.grading.learner_code import Source, unanswered
 from partrain_edu.grading.observations import verify
 from partrain_edu.grading.registry import CheckResult, LearnerError
 from partrain_edu.grading.runner import DEFAULT_TIMEOUT_S, graded, spec_of, time_limit
+from partrain_edu.grading.trials import fresh_seed
 
 HEADLESS = "partrain_edu.grading.headless"   # the sandboxed processes are its modules
 STOP_GRACE_S = 5.0  # the kernel stops an overrunning call itself; past this, the grader kills it
@@ -126,7 +127,7 @@ class Kernel:
         return reason
 
 
-def _rank_check(isolation: Isolation, spec, sources: list[Source], deadline: float) -> list[str]:
+def _rank_check(isolation: Isolation, spec, sources: list[Source], deadline: float, seed: int) -> list[str]:
     """The problems of multi-rank check `spec` on `sources`: observed on ranks started by a fresh sandboxed
     runner, verified here."""
     for source in sources:
@@ -138,7 +139,7 @@ def _rank_check(isolation: Isolation, spec, sources: list[Source], deadline: flo
         raise LearnerError("not run: the notebook's time limit was used up")
     with isolation.folder() as work:
         job = work / "job.json"
-        job.write_text(json.dumps({"check": spec.name, "timeout": limit,
+        job.write_text(json.dumps({"check": spec.name, "timeout": limit, "seed": seed,
                                    "sources": [{"name": s.name, "text": s.text} for s in sources]}))
         job.chmod(0o444)
         proc = isolation.spawn([sys.executable, "-I", "-m", f"{HEADLESS}.rank_runner", str(job)], work)
@@ -156,20 +157,22 @@ def _rank_check(isolation: Isolation, spec, sources: list[Source], deadline: flo
         raise LearnerError(answer["failure"][:MAX_MESSAGE_CHARS])
     if "observations" not in answer:
         raise LearnerError("the check's runner answered neither observations nor a failure")
-    return verify(spec, answer["observations"])
+    return verify(spec, answer["observations"], seed)
 
 
-def grade_notebook(path: Path, exercise: str | None, isolation: Isolation, timeout: float) -> dict:
-    """{"path", "exercise", "score", "seconds", "checks": [{"name", "passed", "message"}]} (+ "error" when the
-    file cannot be graded at all)."""
+def grade_notebook(path: Path, exercise: str | None, isolation: Isolation, timeout: float,
+                   seed: int | None = None) -> dict:
+    """{"path", "exercise", "score", "seconds", "checks": [{"name", "passed", "message", "seed"}]} (+ "error" when
+    the file cannot be graded at all). Each check draws fresh configurations, or those of `seed` when given."""
     start = time.monotonic()
     try:
-        return _grade(path, exercise, isolation, timeout, start)
+        return _grade(path, exercise, isolation, timeout, start, seed)
     except Exception as err:  # a grader bug must cost this notebook's row, not the rest of the folder
         return _report(path, exercise, [], start, f"the grader failed on this file ({type(err).__name__}: {err})")
 
 
-def _grade(path: Path, exercise: str | None, isolation: Isolation, timeout: float, start: float) -> dict:
+def _grade(path: Path, exercise: str | None, isolation: Isolation, timeout: float, start: float,
+           fixed_seed: int | None) -> dict:
     deadline = start + timeout
     if exercise is None:
         return _report(path, None, [], start, f"cannot tell which exercise this is: name the file after one of "
@@ -204,7 +207,9 @@ def _grade(path: Path, exercise: str | None, isolation: Isolation, timeout: floa
                         continue
                     check_deadline = min(deadline, time.monotonic() + DEFAULT_TIMEOUT_S)
                     learner = [_Function(kernel, f, name, check_deadline) for f in functions]
-                    results[name] = graded(specs[name], lambda: _in_time(specs[name], learner, check_deadline))
+                    seed = fresh_seed() if fixed_seed is None else fixed_seed
+                    results[name] = graded(specs[name], lambda: _in_time(specs[name], learner, check_deadline, seed),
+                                           seed)
                 else:  # the source now, the ranks once the kernel is gone
                     try:
                         sources[name] = [kernel.source(f, deadline) for f in functions]
@@ -213,14 +218,15 @@ def _grade(path: Path, exercise: str | None, isolation: Isolation, timeout: floa
         finally:
             kernel.stop()
     for name, texts in sources.items():
-        results[name] = graded(specs[name], lambda: _rank_check(isolation, specs[name], texts, deadline))
+        seed = fresh_seed() if fixed_seed is None else fixed_seed
+        results[name] = graded(specs[name], lambda: _rank_check(isolation, specs[name], texts, deadline, seed), seed)
     return _report(path, exercise, [results[name] for name, _ in owed], start)
 
 
-def _in_time(spec, learner: list, deadline: float) -> list[str]:
+def _in_time(spec, learner: list, deadline: float, seed: int) -> list[str]:
     # The check's own work on the learner's return values is bounded too (a huge schedule to simulate).
     with time_limit(max(0.1, deadline - time.monotonic()) + 2 * STOP_GRACE_S, spec.name):
-        return spec.verify(*learner)
+        return spec.verify(*learner, seed=seed)
 
 
 class _Function:
@@ -238,7 +244,8 @@ def _failed(spec, reason: str) -> CheckResult:
 
 
 def _report(path: Path, exercise: str | None, results: list[CheckResult], start: float, error: str = "") -> dict:
-    checks = [{"name": r.name, "passed": r.passed, "message": r.message[:MAX_MESSAGE_CHARS]} for r in results]
+    checks = [{"name": r.name, "passed": r.passed, "message": r.message[:MAX_MESSAGE_CHARS],
+               **({"seed": r.details["seed"]} if "seed" in r.details else {})} for r in results]
     score = round(sum(c["passed"] for c in checks) / len(checks), 4) if checks else 0.0
     report = {"path": str(path), "exercise": exercise, "score": score,
               "seconds": round(time.monotonic() - start, 1), "checks": checks}

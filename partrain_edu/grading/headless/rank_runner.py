@@ -1,6 +1,6 @@
 """Runs the observe half of one multi-rank check in the sandbox, in a fresh process the submission's notebook
 never ran in: `python -I -m partrain_edu.grading.headless.rank_runner JOB` with JOB = {"check", "sources": [{"name",
-"text"}], "timeout"}; answers on the channel (channel.py) either {"observations": JSON text} — what rank 0
+"text"}], "timeout", "seed"}; answers on the channel (channel.py) either {"observations": JSON text} — what rank 0
 published, passed on unread — or {"failure": message} when a rank raised, hung or reported nothing.
 
 Only the learner's function bodies run here (on the ranks), never the notebook's other cells. Nothing this
@@ -26,7 +26,7 @@ def main() -> None:
     sources = [Source(s["name"], s["text"]) for s in job["sources"]]
     spec = spec_of(job["check"], len(sources))
     try:
-        channel.reply(writer, {"observations": observe_on_ranks(spec, sources, job["timeout"])})
+        channel.reply(writer, {"observations": observe_on_ranks(spec, sources, job["timeout"], job["seed"])})
     except LearnerError as err:
         channel.reply(writer, {"failure": str(err)})
 

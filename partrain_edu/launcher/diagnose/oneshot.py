@@ -80,6 +80,12 @@ def explain_mismatch(text: str) -> str | None:
     return None
 
 
+def gloo_sizes(text: str) -> tuple[int, int] | None:
+    """(bytes received, bytes the receiving call expected) when `text` holds Gloo's size check, else None."""
+    sizes = _GLOO_SIZE.search(text)
+    return None if sizes is None else (int(sizes.group(1)), int(sizes.group(2)))
+
+
 def _call(op: str, shape: str, dtype: str) -> str:
     if not shape:  # no tensors: a barrier (the wrapper reports Gloo's barrier as REDUCE)
         return "barrier" if op in ("BARRIER", "REDUCE") else _OPS.get(op, op.lower())

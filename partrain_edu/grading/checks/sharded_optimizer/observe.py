@@ -110,7 +110,7 @@ def state_bytes(optim, index: dict) -> tuple[list[int], int]:
     return per, foreign
 
 
-def observe(ctx, make_sharded_optimizer) -> list[dict]:
+def observe(ctx, make_sharded_optimizer, *, seed: int) -> list[dict]:
     runs = []
     for i, run in enumerate(RUNS):
         model = make_model()

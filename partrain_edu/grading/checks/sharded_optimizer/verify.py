@@ -52,7 +52,7 @@ ADAMW_STATE = 2 * TRAINABLE_BYTES + 4 * (len(SIZES) - len(FROZEN))  # two moment
 ADAMW_BOUND = ADAMW_STATE / 2 + (2 * max(SIZES[k] for k in range(len(SIZES)) if k not in FROZEN) + 4) / 2   # n = 2
 
 
-def verify(me: int, n: int, observed: Reader) -> list[str]:
+def verify(me: int, n: int, observed: Reader, *, seed: int) -> list[str]:
     for i, seen in enumerate(observed.items(len(RUNS))):
         problems = _verify_run(i, me, n, seen)
         if problems:

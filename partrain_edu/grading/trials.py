@@ -1,0 +1,29 @@
+"""Fresh inputs for every grading run: one seed per run, from which both halves of a check draw the same
+configurations (shapes, world sizes, sub-groups, caps, budgets).
+
+A check that graded one setup the learner can see could be passed by an answer hard-coded to it, or by a table of
+values copied from its own failure messages. So each run of a check draws a new seed (`fresh_seed`), and its observe
+half (on the ranks) and verify half (in the trusted caller) each rebuild the run's configurations from it with
+`stream(seed, what)`; the caller never trusts the ranks to say which configuration they ran. A failure names its
+seed, so `check(name, ..., seed=S)` grades the very same configurations again while the learner debugs.
+"""
+from __future__ import annotations
+
+import random
+import secrets
+
+
+def fresh_seed() -> int:
+    """A seed no one can predict, short enough to type back into `check(..., seed=S)`."""
+    return secrets.randbelow(1_000_000)
+
+
+def stream(seed: int, what: str) -> random.Random:
+    """The random stream `what` of run `seed`: the same on every rank and in the caller (str seeds are hashed
+    with SHA-512 by `random.Random`, so they do not depend on PYTHONHASHSEED)."""
+    return random.Random(f"{what}:{seed}")
+
+
+def again(name: str, seed: int) -> str:
+    """The line a failure ends with: how to grade the same configurations again."""
+    return f"(inputs drawn with seed {seed}: check({name!r}, ..., seed={seed}) grades the same ones again)"
