@@ -79,7 +79,8 @@ def graded(spec: Check, run: Callable[[], list[str]], seed: int | None = None) -
         message = f"✗ {spec.name} failed:\n  - " + "\n  - ".join(problems)
         if seed is None:
             return CheckResult(spec.name, False, message, {"problems": problems})
-        return CheckResult(spec.name, False, f"{message}\n{again(spec.name, seed)}", {"problems": problems, "seed": seed})
+        details = {"problems": problems, "seed": seed}
+        return CheckResult(spec.name, False, f"{message}\n{again(spec.name, seed)}", details)
     return CheckResult(spec.name, True, f"✓ {spec.name} passed: {spec.summary}", {"seed": seed})
 
 
