@@ -12,6 +12,20 @@ SYNC := $(BIN)/python -m partrain_edu.workspace --course "$(CURDIR)" --workspace
 LAB_CONFIG := JUPYTER_CONFIG_PATH="$(CURDIR)/jupyter_config$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}"
 # Jupyter refuses to start as root (containers, CI) unless told that it is on purpose.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+# PyPI's torch for Linux x86-64 is the CUDA build: ~2.9 GB of wheels, a 5.3 GB .venv. Without an NVIDIA GPU,
+# `make lab TORCH=cpu` installs PyTorch's CPU build (~190 MB) from PyTorch's own CPU index, as the install
+# selector on pytorch.org gives it; every other platform's PyPI wheel is already CPU-only (or MPS on macOS).
+TORCH ?=
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+PLATFORM := $(shell uname -sm 2>/dev/null)
+ifeq ($(TORCH),cpu)
+FETCH := about 380 MB to fetch with PyTorch's CPU build
+else ifeq ($(PLATFORM),Linux x86_64)
+FETCH := about 2.9 GB to fetch: PyPI's PyTorch for Linux is the CUDA build; without an NVIDIA GPU, stop (Ctrl-C) and run \
+	make $(or $(MAKECMDGOALS),install) TORCH=cpu for about 380 MB
+else
+FETCH := about 300 MB to fetch
+endif
 # nbval compares every cell's saved output; timings and addresses are masked by the sanitize file.
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
@@ -24,9 +38,13 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || { echo "install: creating the virtual environment $(VENV)/ ($(PYTHON) -m venv)"; \
 		$(PYTHON) -m venv $(VENV); }
-	@echo "install: installing PyTorch 2.13.0 and the course's packages into $(VENV)/ (about 380 MB to fetch,"
-	@echo "         3-8 minutes on 2 cores); pip's log: $(VENV)/pip.log (tail -f it to watch)"
-	@$(BIN)/python -m pip install --disable-pip-version-check -e ".[dev]" > $(VENV)/pip.log 2>&1 \
+	@echo "install: installing PyTorch 2.13.0 and the course's packages into $(VENV)/ ($(FETCH);"
+	@echo "         3-8 minutes on 2 cores and a fast network); pip's log: $(VENV)/pip.log (tail -f it to watch)"
+	@: > $(VENV)/pip.log
+	@$(if $(filter cpu,$(TORCH)),$(BIN)/python -m pip install --disable-pip-version-check "torch==2.13.0" \
+		--index-url $(TORCH_CPU_INDEX) >> $(VENV)/pip.log 2>&1 \
+		|| { tail -n 40 $(VENV)/pip.log; echo "install: pip failed; its whole log is $(VENV)/pip.log"; exit 1; },:)
+	@$(BIN)/python -m pip install --disable-pip-version-check -e ".[dev]" >> $(VENV)/pip.log 2>&1 \
 		|| { tail -n 40 $(VENV)/pip.log; echo "install: pip failed; its whole log is $(VENV)/pip.log"; exit 1; }
 	@echo "install: checking that torch 2.13.0 and partrain_edu import"
 	@$(BIN)/python -c "import torch, partrain_edu; assert torch.__version__.startswith('2.13.0'), torch.__version__"
@@ -34,10 +52,14 @@ $(STAMP): pyproject.toml
 	@echo "install: done ($(VENV)/ is ready; later runs skip this until pyproject.toml changes)"
 
 # Opens the workspace, created on first use; each time it also brings in what the course added or changed,
-# except where the learner changed their copy (named, and left alone).
+# except where the learner changed their copy (named, and left alone). The lab's terminals get the venv on their
+# PATH, so `partrain-edu` works there as the notebooks say: they run the user's shell as it is, not as a login
+# shell (which Jupyter picks when make's output is not a terminal, and whose /etc/profile resets PATH).
 lab: install
 	$(SYNC) sync
-	$(LAB_CONFIG) $(BIN)/jupyter lab --ServerApp.root_dir="$(abspath $(WORKSPACE))" \
+	$(LAB_CONFIG) PATH="$(abspath $(BIN)):$$PATH" VIRTUAL_ENV="$(abspath $(VENV))" \
+		$(BIN)/jupyter lab --ServerApp.root_dir="$(abspath $(WORKSPACE))" \
+		--ServerApp.terminado_settings="shell_command=$${SHELL:-sh}" \
 		--LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb $(ROOT_FLAG) $(LAB_FLAGS)
 
 # After `git pull`: take the course's newer notebooks even where you changed yours (yours go to workspace/backups/).

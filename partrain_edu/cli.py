@@ -9,6 +9,7 @@ bar on stderr. Bad input exits 2 with one line that names the fix, never a trace
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
 import sys
@@ -20,10 +21,28 @@ from partrain_edu.theory.cli import add_subcommands as add_theory_subcommands
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse prints the whole usage block on an error; a one-line message is easier to act on."""
+    """argparse prints the whole usage block on an error; a one-line message is easier to act on. No option is
+    read from its abbreviation: `estimate --gpus 8` would silently be `--gpus-per-node 8`."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {message}{self._nearest(message)} (see {self.prog} --help)\n")
+
+    def _nearest(self, message: str) -> str:
+        """For an unknown option, the options it may have meant (an abbreviation, a typo)."""
+        if not message.startswith("unrecognized arguments:"):
+            return ""
+        known = [o for action in self._actions for o in action.option_strings if o.startswith("--")]
+        given = [word.split("=", 1)[0] for word in message.split(":", 1)[1].split() if word.startswith("--")]
+        meant = sorted({o for g in given for o in known if o.startswith(g)}
+                       or {o for g in given for o in difflib.get_close_matches(g, known, n=2, cutoff=0.8)})
+        hint = f"; did you mean {' or '.join(meant)}?" if meant else ""
+        if "--gpus" in given and "--gpus" not in known and "--dp" in known:
+            hint += " Here the GPUs are the layout's: tp × pp × cp × dp (set --dp)"
+        return hint
 
 
 def _timeout(text: str) -> float | None:
@@ -109,13 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
     p_train.set_defaults(func=cmd_train)
     add_theory_subcommands(sub)   # memory, traffic, pipeline, plan
     add_grading_subcommands(sub)  # check
+    parser.commands = sub.choices  # each command's own parser names the options it has (main)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()   # `train --timeout` counts from here, the command's start
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the command's parser, which knows its options (the top one would name none)
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     args.started = started
     try:
         return args.func(args)

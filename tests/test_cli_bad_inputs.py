@@ -63,13 +63,14 @@ BAD = [
     (47, "plan --params 1T --gpus 1 --gpu-memory 80GB", "fit no layout of 1 GPU"),
     (48, "plan --params 1T --gpus 1 --gpu-memory 80GB --json", "fit no layout of 1 GPU"),
     (49, "plan --params 13B --gpus 64 --gpu-memory 80XB", "cannot read '80XB'"),
-    (50, "plan --params 13B --gpus 64 --gpu-memory 80", "fit no layout of 64 GPU"),
+    (50, "plan --params 13B --gpus 64 --gpu-memory 80", "80 would be 80 bytes: write the unit, e.g. 80GB"),
     (51, "plan --params 13B --gpus 0 --gpu-memory 80GB", "--gpus: must be at least 1"),
     (52, "plan --params 13B --gpus 64 --gpu-memory 80GB --gpus-per-node 3", "use whole nodes"),
     (53, "plan --params 13B --gpus 64", "needs --gpu-memory (e.g. 80GB)"),
     (54, "plan --params 13B --gpus 64 --gpu-memory 80GB --interconnect pigeon", "invalid choice: 'pigeon'"),
     (55, "plan --params 1e400 --gpus 8 --gpu-memory 80GB", "above the limit of 1e18"),
-    (58, "plan --params 1 --gpus 8 --gpu-memory 1", "fit no layout of 8 GPU"),
+    (58, "plan --params 1 --gpus 8 --gpu-memory 1", "1 would be 1 parameters: write the unit, e.g. 1B"),
+    (59, "plan --params 1M --gpus 8 --gpu-memory 1MB", "fit no layout of 8 GPU"),
     (60, "train", "required: --strategy"),
     (61, "train --strategy foo", "unknown strategy 'foo'"),
     (62, "train --strategy foo --json", "unknown strategy 'foo'"),
@@ -150,6 +151,14 @@ BEYOND = [
     ("plan --gpus 64", "plan needs a model"),
     ("plan --model llama3-405b --device h100 --gpus 64", "fit no layout of 64 GPU"),
     ("plan --model gpt3-175b --device a100 --gpus 1024 --tp 8 --pp 8 --dp 8", "the given layout uses 512 GPUs"),
+    # issue 38: no option is read from its abbreviation; a size without its unit is refused with the fix
+    ("estimate --gpus 8 --model llama3-8b --zero 3", "unrecognized arguments: --gpus 8; did you mean --gpus-per-node?"
+     " Here the GPUs are the layout's: tp × pp × cp × dp (set --dp)"),
+    ("plan --params 70 --gpus 64 --gpu-memory 80GB", "70 would be 70 parameters: write the unit, e.g. 70B or 70M"),
+    ("train --strat ddp", "required: --strategy"),
+    ("train --strategy ddp --step 3", "unrecognized arguments: --step 3; did you mean --steps?"),
+    ("memory --param 7B", "did you mean --params?"),
+    ("estimate --model llama3-8b --gpu-memory 94", "94 would be 94 bytes: write the unit, e.g. 94GB or 94GiB"),
 ]
 
 

@@ -1,4 +1,5 @@
 """The set-up files agree with each other, and `make lab` really serves JupyterLab."""
+import asyncio
 import json
 import os
 import signal
@@ -58,6 +59,9 @@ def test_make_lab_serves_the_learners_workspace_on_the_start_notebook(tmp_path):
         with urllib.request.urlopen(settings, timeout=10) as response:
             defaults = {k: v.get("default") for k, v in json.loads(response.read())["schema"]["properties"].items()}
         assert defaults["fetchNews"] == "false" and defaults["checkForUpdates"] is False  # no news pop-up
+        # A terminal opened in the lab finds the course's command, as notebooks 00 and 16 say it will.
+        found = asyncio.run(_in_lab_terminal(port, token, "command -v partrain-edu"))
+        assert str(REPO / ".venv" / "bin" / "partrain-edu") in found, found
     finally:
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
@@ -68,6 +72,25 @@ def test_make_lab_serves_the_learners_workspace_on_the_start_notebook(tmp_path):
                 break
             except subprocess.TimeoutExpired:
                 continue
+
+
+async def _in_lab_terminal(port: int, token: str, command: str) -> str:
+    """What a JupyterLab terminal (File → New → Terminal: the terminals REST API and its websocket) prints for
+    `command`, up to the marker echoed after it."""
+    from tornado.websocket import websocket_connect
+
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/api/terminals?token={token}", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        name = json.loads(response.read())["name"]
+    ws = await websocket_connect(f"ws://127.0.0.1:{port}/terminals/websocket/{name}?token={token}")
+    ws.write_message(json.dumps(["stdin", f'{command}; echo END-OF-""TEST\r']))  # the echoed line has no marker
+    seen, deadline = "", time.time() + 30
+    while "END-OF-TEST" not in seen and time.time() < deadline:
+        message = await asyncio.wait_for(ws.read_message(), timeout=30)
+        kind, *rest = json.loads(message)
+        seen += rest[0] if kind == "stdout" else ""
+    ws.close()
+    return seen
 
 
 def _stub(path, body: str) -> None:
@@ -117,3 +140,29 @@ def test_make_browser_installs_chromium_and_a_cjk_font_only_when_missing(tmp_pat
         assert done.returncode == 0, done.stdout + done.stderr
         assert [c for c in calls.read_text().splitlines() if c != "sudo"] == wanted
         assert ("installing fonts-noto-cjk with apt" in done.stdout) == bool(wanted), done.stdout
+
+
+def test_make_install_torch_cpu_takes_pytorchs_cpu_index_and_says_the_sizes(tmp_path):
+    """`TORCH=cpu` installs torch from PyTorch's CPU index first (as pytorch.org's selector says), then the course;
+    without it, on Linux x86-64, the first line warns of PyPI's 2.9 GB CUDA build and names the CPU route."""
+    calls = tmp_path / "calls"
+    _stub(tmp_path / "python3", f'echo "python $*" >> {calls}\n'
+          'if [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin" && cp "$0" "$3/bin/python"; fi\n')
+    for torch_flag in ("TORCH=cpu", "TORCH="):
+        venv = tmp_path / f"venv-{torch_flag[6:] or 'default'}"
+        calls.write_text("")
+        done = subprocess.run(["make", "--no-print-directory", "install", f"VENV={venv}",
+                               f"PYTHON={tmp_path / 'python3'}", torch_flag],
+                              cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        pips = [line for line in calls.read_text().splitlines() if " -m pip " in line]
+        if torch_flag == "TORCH=cpu":
+            assert "about 380 MB to fetch with PyTorch's CPU build" in done.stdout
+            assert pips[0].split() == ["python", "-m", "pip", "install", "--disable-pip-version-check",
+                                       "torch==2.13.0", "--index-url", "https://download.pytorch.org/whl/cpu"]
+            assert pips[1].endswith("-e .[dev]") and len(pips) == 2
+        else:
+            assert len(pips) == 1 and pips[0].endswith("-e .[dev]")
+            if os.uname().sysname == "Linux" and os.uname().machine == "x86_64":
+                assert "about 2.9 GB to fetch: PyPI's PyTorch for Linux is the CUDA build" in done.stdout
+                assert "install TORCH=cpu for about 380 MB" in done.stdout

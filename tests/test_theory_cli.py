@@ -190,3 +190,19 @@ def test_plan_costs_a_given_layout_beside_its_three_best(capsys):
     assert len(d["best"]) == 3 and d["given"]["layout"]["dp"] == 16
     # the given layout is one the search also prices (ZeRO-0, tp 8, pp 8, vpp 2): the best is never slower
     assert d["best"][0]["step_time_s"] <= d["given"]["step_time_s"] < 2 * d["best"][0]["step_time_s"]
+
+
+def test_a_layout_that_does_not_fit_is_told_the_first_saving_that_does(capsys):
+    layout = ("estimate", "--model", "llama3-8b", "--device", "h100", "--tp", "2", "--dp", "4")
+    assert run_json(capsys, *layout)["fits"] is False
+    hint = run(capsys, *layout).splitlines()[-1]
+    assert hint.startswith("  hint: fits with --zero 1: ")
+    fixed = run_json(capsys, *layout, "--zero", "1")   # the hint's claim, checked by the estimate itself
+    assert fixed["fits"] and fixed["memory_fraction"] <= 0.9
+    assert f"{fixed['memory_bytes_per_gpu'] / 1e9:.1f} GB" in hint
+
+
+def test_a_layout_no_saving_rescues_points_to_more_gpus_and_plan(capsys):
+    hint = run(capsys, "estimate", "--model", "llama3-70b", "--device", "h100", "--dp", "8").splitlines()[-1]
+    assert "none of --zero, --recompute or --micro-batch 1 fits it on 8 GPUs" in hint and "partrain-edu plan" in hint
+    assert "hint" not in run(capsys, "estimate", "--model", "gpt-1.3b", "--device", "h100", "--dp", "8")

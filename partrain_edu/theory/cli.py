@@ -45,6 +45,29 @@ def size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+# A size written without a unit is read as parameters or bytes. Below a million it is almost surely a unit left
+# out ("--params 70" for 70B, "--gpu-memory 80" for 80GB), and no distributed-training question is about it.
+UNITLESS_FLOOR = 10**6
+
+
+def _with_unit(text: str, unit: str, examples: str) -> int:
+    value = size(text)
+    if value < UNITLESS_FLOOR and text.strip().replace(".", "", 1).isdigit():
+        raise argparse.ArgumentTypeError(f"{text.strip()} would be {value:,} {unit}: write the unit, e.g. "
+                                         f"{examples}")
+    return value
+
+
+def params(text: str) -> int:
+    """argparse type: a parameter count; a bare number under a million is refused (70 means 70B, surely)."""
+    return _with_unit(text, "parameters", f"{text.strip()}B or {text.strip()}M (or 7.5e9)")
+
+
+def memory_bytes(text: str) -> int:
+    """argparse type: bytes; a bare number under a million is refused (80 means 80GB, surely)."""
+    return _with_unit(text, "bytes", f"{text.strip()}GB or {text.strip()}GiB")
+
+
 def positive_int(text: str) -> int:
     """argparse type: a whole number >= 1 (degrees, counts of layers, stages, micro-batches)."""
     try:
@@ -134,7 +157,7 @@ def add_subcommands(subparsers) -> None:
     """Register memory, traffic, pipeline and plan on ``subparsers`` (from ``parser.add_subparsers``)."""
     p = subparsers.add_parser("memory", help="bytes per device: params, grads, optimizer, activations",
                               description="Model-state and activation bytes per device (ZeRO, Korthikanti).")
-    p.add_argument("--params", type=size, help="parameter count, e.g. 7.5e9 or 7.5B")
+    p.add_argument("--params", type=params, help="parameter count, e.g. 7.5e9 or 7.5B")
     for flag in ("--dp", "--tp", "--pp"):
         p.add_argument(flag, type=positive_int, default=1, help="parallel degree (default 1)")
     p.add_argument("--cp", type=positive_int, default=1,
@@ -156,7 +179,7 @@ def add_subcommands(subparsers) -> None:
     p = subparsers.add_parser("traffic", help="bytes each rank sends per training step",
                               description="Per-rank bytes of one training step under the ring cost model.")
     p.add_argument("--strategy", choices=STRATEGIES, required=True)
-    p.add_argument("--params", type=size)
+    p.add_argument("--params", type=params, help="parameter count, e.g. 7.5e9 or 7.5B")
     for flag in ("--dp", "--tp", "--pp"):
         p.add_argument(flag, type=positive_int, default=1)
     p.add_argument("--cp", type=positive_int, default=1, help="ranks sharing each sequence (--strategy cp)")
@@ -184,9 +207,9 @@ def add_subcommands(subparsers) -> None:
     p = subparsers.add_parser("plan", help="which strategy for this model on these GPUs",
                               description="Every layout that fits, priced by the calibrated model (estimate); "
                                           "the simplest good one, the three fastest, and a layout you give.")
-    p.add_argument("--params", type=size, help="parameter count of a GPT-3-like model (or --model / the shape)")
+    p.add_argument("--params", type=params, help="parameter count of a GPT-3-like model, e.g. 70B (or --model / the shape)")
     p.add_argument("--gpus", type=positive_int, required=True)
-    p.add_argument("--gpu-memory", type=size, help="bytes per GPU, e.g. 80GB (default: the --device's)")
+    p.add_argument("--gpu-memory", type=memory_bytes, help="bytes per GPU, e.g. 80GB (default: the --device's)")
     add_model_flags(p, positive_int, device_default=None)
     add_layout_flags(p, positive_int, defaults=False)
     add_stack_flags(p)
@@ -196,4 +219,4 @@ def add_subcommands(subparsers) -> None:
                    help=f"sequences per step (default {GLOBAL_BATCH}); at most one data-parallel replica each")
     _json_flag(p)
     p.set_defaults(func=run_plan)
-    add_estimate(subparsers, positive_int, _json_flag, size)
+    add_estimate(subparsers, positive_int, _json_flag, memory_bytes)

@@ -116,21 +116,27 @@ def layout_from(args: argparse.Namespace, global_batch: int | None) -> Layout:
 
 
 def run_estimate(args: argparse.Namespace) -> int:
+    from partrain_edu.theory.fit_hint import fits_with
+
     model = model_from(args)
     device = canonical(args.device)
-    return emit(args, estimate(model, layout_from(args, args.global_batch).check(model), device,
-                               memory_bytes=args.gpu_memory))
+    result = estimate(model, layout_from(args, args.global_batch).check(model), device, memory_bytes=args.gpu_memory)
+    code = emit(args, result)
+    if not result.fits and not args.json:
+        print(f"  hint: {fits_with(model, result.layout, device, args.gpu_memory)}")
+    return code
 
 
-def add_estimate(subparsers, positive_int, json_flag, size) -> None:
+def add_estimate(subparsers, positive_int, json_flag, memory_bytes) -> None:
     p = subparsers.add_parser("estimate", help="one layout on real GPUs: memory, fit, step time, MFU",
                               description="Memory per GPU, step time, throughput and MFU of one layout, from the "
                                           "model calibrated on published runs (theory.calibration).")
     add_model_flags(p, positive_int)
     add_layout_flags(p, positive_int)
     add_stack_flags(p)
-    p.add_argument("--gpus-per-node", type=positive_int, default=8)
-    p.add_argument("--gpu-memory", type=size, help="bytes per GPU, e.g. 94GB (default: the --device's HBM)")
+    p.add_argument("--gpus-per-node", type=positive_int, default=8, help="GPUs per node (default 8): a group wider "
+                   "than this crosses the network")
+    p.add_argument("--gpu-memory", type=memory_bytes, help="bytes per GPU, e.g. 94GB (default: the --device's HBM)")
     p.add_argument("--global-batch", type=positive_int, help="sequences per step (default dp × micro-batch)")
     json_flag(p)
     p.set_defaults(func=run_estimate)
