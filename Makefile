@@ -31,7 +31,13 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 
 .PHONY: install lab refresh test notebooks exercises clean browser
 
-install: $(STAMP)
+# The course's kernels register its magics at start (jupyter_config/ipython_kernel_config.py says why).
+KERNEL_CONFIG := $(VENV)/etc/ipython/ipython_kernel_config.py
+
+install: $(STAMP) $(KERNEL_CONFIG)
+
+$(KERNEL_CONFIG): jupyter_config/ipython_kernel_config.py | $(STAMP)
+	@mkdir -p $(dir $@) && cp $< $@
 
 # Re-installs only when pyproject.toml changed: seconds when everything is up to date. Each phase says in one
 # line what it does; pip's own output goes to $(VENV)/pip.log. `make install VENV=/tmp/v` sets up elsewhere.

@@ -18,9 +18,10 @@ import time
 
 from tqdm import tqdm
 
+from partrain_edu.launcher import status_line
 from partrain_edu.launcher.status_line import Ticker
 
-DELAY_S = 5.0  # runs shorter than this show nothing
+DELAY_S = status_line.DELAY_S  # runs shorter than this show nothing; longer ones never wait silently past it
 
 
 class StepProgress:

@@ -166,3 +166,26 @@ def test_make_install_torch_cpu_takes_pytorchs_cpu_index_and_says_the_sizes(tmp_
             if os.uname().sysname == "Linux" and os.uname().machine == "x86_64":
                 assert "about 2.9 GB to fetch: PyPI's PyTorch for Linux is the CUDA build" in done.stdout
                 assert "install TORCH=cpu for about 380 MB" in done.stdout
+
+
+def test_the_courses_kernels_know_its_magics_after_a_restart_and_load_ext_stays_silent():
+    """`make install` puts jupyter_config/ipython_kernel_config.py where this venv's kernels read it: a fresh
+    kernel (as after Kernel → Restart) runs `%dist` at once, and a notebook's own `%load_ext` prints nothing."""
+    from jupyter_client.manager import start_new_kernel
+
+    installed = REPO / ".venv" / "etc" / "ipython" / "ipython_kernel_config.py"
+    assert installed.read_text() == (REPO / "jupyter_config" / "ipython_kernel_config.py").read_text()
+    km, kc = start_new_kernel(kernel_name="python3")
+    said = []
+
+    def hook(msg):
+        if msg["msg_type"] in ("stream", "error"):
+            said.append(msg["content"].get("text") or f"{msg['content']['ename']}: {msg['content']['evalue']}")
+    try:
+        kc.execute_interactive("%dist status", output_hook=hook, timeout=60)
+        assert said == ["no warm ranks: `%dist start -n N` starts them\n"], said
+        kc.execute_interactive("%load_ext partrain_edu", output_hook=hook, timeout=60)
+        assert len(said) == 1, said
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

@@ -4,13 +4,14 @@ is emptied when the cell ends, for `%%torchrun` and for a check stuck in a deadl
 unchanged and only a terminal's stderr gets the line; its thread never outlives the cell."""
 import io
 import threading
+import time
 
 import pytest
 
 from partrain_edu.notebook import live_output
 from partrain_edu.notebook import magics as notebook
 from partrain_edu.launcher import status_line
-from partrain_edu.grading import run_check
+from partrain_edu.grading import CHECKS, run_check
 from partrain_edu.notebook.magics import run_cell_magic
 from partrain_edu.launcher.status_line import RankStatus, StatusLine
 from test_grading_ranks import ring_receive_first  # every rank receives before it sends: a deadlock
@@ -68,7 +69,8 @@ CELL = "import time\ntime.sleep(2)\nprint('slept')\n"
 def test_in_a_kernel_a_torchrun_cell_shows_the_line_live_and_leaves_it_empty(kernel, capsys, monkeypatch):
     monkeypatch.setattr(status_line, "DELAY_S", 0.05)  # a warm start (`agent_server`) still takes 0.2 s or more
     run_cell_magic("-n 2 --timeout 90", CELL, {})
-    rank_output, status = kernel  # LiveOutput's display, then the status line's
+    loading, rank_output, status = kernel  # the line while the launcher loads, LiveOutput's display, the ranks' line
+    assert loading.updates[0] == {} and loading.updates[-1] == {}, loading.updates
     texts = status.texts()
     assert status.updates[0] == {} and status.updates[-1] == {}, status.updates  # the saved output: no data
     assert any(t.startswith("starting 2 ranks… ") for t in texts), texts
@@ -84,9 +86,20 @@ def test_a_deadlocked_check_says_it_waits_then_gives_its_verdict(kernel):
     assert "timed out (limit 15 s)" in result.message, result.message
     [status] = kernel
     texts = status.texts()
-    assert any(t.startswith("check: waiting for 3 ranks (") and t.endswith(" s, limit 15 s)") for t in texts), texts
+    n = CHECKS["ring_all_reduce"].nproc
+    assert any(t.startswith(f"check: waiting for {n} ranks (") and t.endswith(" s, limit 15 s)") for t in texts), texts
     assert status.updates[-1] == {}
     assert live_threads() == []
+
+
+def test_a_line_handed_over_keeps_counting_from_the_cell_start(kernel):
+    # The magics start a line before the launcher (and torch) load; the ranks' line then counts from that start.
+    began = time.monotonic() - 5.0
+    with RankStatus(4, 300, since=began):
+        time.sleep(0.5)
+    [status] = kernel
+    shown = [t for t in status.texts() if t]
+    assert shown and shown[0].startswith("starting 4 ranks… 5 s"), shown
 
 
 class _Terminal(io.StringIO):
@@ -117,10 +130,11 @@ def test_in_a_kernel_warm_ranks_show_the_line_while_they_start_and_while_a_cell_
         notebook.run_dist_magic("", "import time\ntime.sleep(1.5)", {})
     finally:
         notebook.run_dist_magic("stop", None, {})
-    starting, running = kernel[1].texts(), kernel[3].texts()  # each cell: LiveOutput's display, then the line's
+    # `%dist start`: the line while the launcher loads, LiveOutput's display, the ranks' line; a cell: the last two
+    starting, running = kernel[2].texts(), kernel[4].texts()
     assert any(t.startswith("starting 2 warm ranks… ") for t in starting), starting
     assert any(t.startswith("2 warm ranks running — ") and t.endswith(" s (limit 60 s)") for t in running), running
-    assert kernel[1].updates[-1] == kernel[3].updates[-1] == {}
+    assert kernel[0].updates[-1] == kernel[2].updates[-1] == kernel[4].updates[-1] == {}
     assert "2 warm ranks ready" in capsys.readouterr().out
     assert live_threads() == []
 

@@ -38,20 +38,22 @@ def namespace_for(spec: Check) -> dict[str, Any]:
 def observe_on_ranks(spec: Check, sources: list[Source], timeout: float, seed: int) -> str:
     """The published JSON text of check `spec` run on `spec.nproc` ranks with the learner's `sources`, on the
     configurations drawn from `seed`."""
-    from partrain_edu.launcher import TorchrunError, torchrun
     from partrain_edu.launcher.status_line import RankStatus
 
     with tempfile.TemporaryDirectory(prefix="partrain_check_") as tmp:
         job = Path(tmp) / "job.json"
         job.write_text(json.dumps({"check": spec.name, "sources": [s.text for s in sources],
                                    "names": [s.name for s in sources], "seed": seed}))
-        try:  # in a notebook, a line while it waits: "check: waiting for 4 ranks (23 s, limit 60 s)"
-            with RankStatus(spec.nproc, timeout, starting="check: starting {n} ranks… {s} s{up}",
-                            running="check: waiting for {n} ranks ({s} s, {limit})") as status:
+        # In a notebook, a line from the first moment (the launcher loads torch: seconds in a fresh kernel) while
+        # it waits: "check: starting 3 ranks… 4 s", then "check: waiting for 3 ranks (23 s, limit 60 s)".
+        with RankStatus(spec.nproc, timeout, starting="check: starting {n} ranks… {s} s{up}",
+                        running="check: waiting for {n} ranks ({s} s, {limit})") as status:
+            from partrain_edu.launcher import TorchrunError, torchrun
+            try:
                 result = torchrun(RANK_CODE, nproc=spec.nproc, timeout=timeout, args=[str(job)], echo=None,
                                   started=status.started)
-        except TorchrunError as err:
-            raise LearnerError(explain_failure(err, spec, timeout, sources)) from None
+            except TorchrunError as err:
+                raise LearnerError(explain_failure(err, spec, timeout, sources)) from None
     text = result.published.get("observations")
     if text is None:
         raise LearnerError("the ranks finished without reporting their observations: rank 0 never reached the "

@@ -98,8 +98,12 @@ class StatusLine:
     """A line `text(seconds since start)`, shown from DELAY_S on, redrawn every TICK_S; a context manager.
     `tick()`, if given, is called on every redraw, from the start (the live rank output's `flush`)."""
 
-    def __init__(self, text: Callable[[float], str], tick: Callable[[], None] | None = None):
-        self.text, self.tick, self.start = text, tick, time.monotonic()
+    def __init__(self, text: Callable[[float], str], tick: Callable[[], None] | None = None,
+                 since: float | None = None):
+        # `since`: the clock's start (time.monotonic()) when the wait began before this line, e.g. at the cell's
+        # start, while the launcher and torch were still loading under an earlier line.
+        self.text, self.tick = text, tick
+        self.start = time.monotonic() if since is None else since
         self.ticker = Ticker(self._draw)
         self.ticker.start()
 
@@ -129,10 +133,10 @@ class RankStatus(StatusLine):
 
     def __init__(self, nproc: int, limit: float | None, starting: str = "starting {n} ranks… {s} s{up}",
                  running: str = "{n} ranks running — {s} s ({limit})", up: int = 0,
-                 tick: Callable[[], None] | None = None):
+                 tick: Callable[[], None] | None = None, since: float | None = None):
         self.nproc, self.up, self.starting, self.running = nproc, up, starting, running
         self.limit = "no limit" if limit is None else f"limit {limit:g} s"
-        super().__init__(self.line, tick)
+        super().__init__(self.line, tick, since)
 
     def started(self, up: int) -> None:
         """`up` ranks have started (called by the launcher as that number grows)."""

@@ -84,12 +84,18 @@ def parse_magic_line(line: str) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_args(words[:split]), words[split + 1:]
 
 
+def loading(text: str) -> StatusLine:
+    """The status line from a cell's first moment, while the launcher (and with it torch: 1-6 s in a fresh kernel)
+    loads; the ranks' own line takes over with `since=` its start, so the seconds count from the cell's start."""
+    return StatusLine(lambda s: f"{text}… {int(s)} s")
+
+
 def run_cell_magic(line: str, cell: str, user_ns: dict[str, Any]):
     """`%%torchrun ...`: run `cell` on the ranks, show their output, publish rank 0's values into `user_ns`."""
-    from partrain_edu.launcher import (DEFAULT_RUN_TIMEOUT_S, TorchrunError, TorchrunInterrupted, check_arguments,
-                                     check_timeout, torchrun)
-
     options, script_args = parse_magic_line(line)
+    with loading(f"starting {options.nproc} ranks") as first:
+        from partrain_edu.launcher import (DEFAULT_RUN_TIMEOUT_S, TorchrunError, TorchrunInterrupted,
+                                         check_arguments, check_timeout, torchrun)
     try:
         timeout = check_timeout(getattr(options, "timeout", DEFAULT_RUN_TIMEOUT_S), "--timeout", none="none")
         check_arguments(options.nproc, timeout, options.rank)
@@ -97,7 +103,7 @@ def run_cell_magic(line: str, cell: str, user_ns: dict[str, Any]):
         raise MagicUsageError(f"%%torchrun: {error}") from None
     live = LiveOutput(show_rank=options.rank)
     try:  # below the ranks' lines, "starting 4 ranks… 8 s" then "4 ranks running — 12 s (limit 300 s)"
-        with RankStatus(options.nproc, timeout, tick=live.flush) as status:
+        with RankStatus(options.nproc, timeout, tick=live.flush, since=first.start) as status:
             result = torchrun(cell, nproc=options.nproc, timeout=timeout, args=script_args, backend=options.backend,
                               show_rank=options.rank, echo=status.around(live.line), env=_device_env(options.device),
                               started=status.started)
@@ -140,11 +146,21 @@ def run_dist_magic(line: str, cell: str | None, user_ns: dict[str, Any]):
     try:
         with RankStatus(_pool.nproc, _pool.timeout if timeout == "pool" else timeout, up=_pool.nproc,
                         running=running + " running — {s} s ({limit})", tick=live.flush) as status:
-            result = _pool.run(cell, rank=options.rank, timeout=timeout, echo=status.around(live.line))
+            result = _pool.run(cell, rank=options.rank, timeout=timeout, echo=status.around(live.line),
+                               name=_prompt())
     except (DistError, DistInterrupted) as error:
         live.finish(error.outputs)
         raise
     return _show(live, result, user_ns)
+
+
+def _prompt() -> str | None:
+    """"In[27]" for the cell the notebook shows as [27], so the ranks' tracebacks name it as IPython's do (None
+    outside IPython). IPython counts a cell before running it: while it runs, execution_count is its number + 1."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    return None if shell is None else f"In[{shell.execution_count - 1}]"
 
 
 def _show(live: LiveOutput, result, user_ns: dict[str, Any]):
@@ -156,9 +172,6 @@ def _show(live: LiveOutput, result, user_ns: dict[str, Any]):
 
 def _dist_command(line: str):
     global _pool
-    from partrain_edu.launcher import DEFAULT_RUN_TIMEOUT_S, check_arguments
-    from partrain_edu.launcher import DistError, Pool
-
     parser = _Parser("%dist", DIST_USAGE)
     parser.add_argument("command", choices=["start", "restart", "stop", "status"])
     parser.add_argument("-n", "--nproc", type=int, default=None)
@@ -182,6 +195,8 @@ def _dist_command(line: str):
                               "replaces them (their variables are lost), `%dist stop` ends them")
     previous = _pool  # `%dist restart` keeps the options it is not given
     nproc = options.nproc or (previous.nproc if previous else 2)
+    with loading(f"starting {nproc} warm ranks") as first:
+        from partrain_edu.launcher import DEFAULT_RUN_TIMEOUT_S, DistError, Pool, check_arguments
     backend = options.backend or (previous.requested_backend if previous else None)
     env = _device_env(options.device) if options.device else (previous.env if previous else {})
     timeout = getattr(options, "timeout", previous.timeout if previous else DEFAULT_RUN_TIMEOUT_S)
@@ -196,7 +211,7 @@ def _dist_command(line: str):
     try:
         with RankStatus(nproc, timeout, starting="starting {n} warm ranks… {s} s{up}",
                         running="starting {n} warm ranks… {s} s (all up, setting up torch.distributed)",
-                        tick=live.flush) as status:
+                        tick=live.flush, since=None if previous is not None else first.start) as status:
             _pool = Pool(nproc, backend=backend, timeout=timeout, env=env, echo=status.around(live.line),
                          started=status.started)
     except DistError as error:

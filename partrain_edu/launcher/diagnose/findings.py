@@ -19,6 +19,9 @@ POLL_S = 0.5  # how often a launcher reads the records
 STABLE_S = 1.0  # a mismatch whose records stay the same this long is a hang: healthy ranks move on within µs
 MISMATCH_HINT = ("Every rank must make the same collective calls in the same order: look for an `if rank ...` "
                  "around a collective, an early `return` or `sys.exit()`, or a loop whose length differs by rank.")
+# Gloo may let a mismatched call "complete" on some ranks, with wrong values: what they printed after it is noise.
+AFTER_MISMATCH = ("Anything a rank printed after that call (above) is no result: the call did not match, and a rank "
+                  "that got past it computed with the wrong partners' data.")
 _SAME_CALL = ("every rank must call the same collectives in the same order with the same shapes and dtypes; look "
               "for a size that depends on the rank (an uneven split), a dtype that differs, or a collective that "
               "only some ranks call.")

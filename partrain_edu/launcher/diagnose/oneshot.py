@@ -190,7 +190,7 @@ def with_backend_words(text: str, output: str) -> str:
 def mismatch_error(run: Any, found: findings.Finding) -> TorchrunError:
     """The ranks' records showed a collective mismatch that stood still (`findings.Watch`): the run was stopped."""
     return TorchrunError(f"{found.text}\nThe ranks could never have finished, so the run was stopped at once; every "
-                         "rank was killed.", found.rank, "", run.texts())
+                         f"rank was killed. {findings.AFTER_MISMATCH}", found.rank, "", run.texts())
 
 
 def _left_early(left: list[int], finished: bool, errors: dict[int, dict], outputs: dict[int, str]) -> TorchrunError:

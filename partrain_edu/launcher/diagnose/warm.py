@@ -11,7 +11,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Callable
 
-from partrain_edu.launcher.diagnose.findings import Finding
+from partrain_edu.launcher.diagnose.findings import AFTER_MISMATCH, Finding
 from partrain_edu.launcher.diagnose.oneshot import (CONSEQUENCES, MISMATCH_HINT, TorchrunError, explain_mismatch,
                                                      with_backend_words)
 
@@ -112,7 +112,7 @@ def interrupted(cell: Cell) -> DistInterrupted:
 def mismatch(cell: Cell, found: Finding) -> DistError:
     """The ranks' call records showed a collective mismatch that stood still (`findings.Watch`)."""
     return DistError(f"{found.text}\nThe ranks could never have finished this cell, so the pool was stopped at once, "
-                     f"every rank killed: {RESTART}", found.rank, cell.texts(), pool_stopped=True)
+                     f"every rank killed: {RESTART} {AFTER_MISMATCH}", found.rank, cell.texts(), pool_stopped=True)
 
 
 def timed_out(cell: Cell, timeout: float, calls: Finding | None = None) -> DistError:

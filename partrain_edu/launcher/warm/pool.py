@@ -115,17 +115,20 @@ class Pool:
         link.stop_listening()
 
     def run(self, code: str, rank: int | None = None, timeout: Any = "pool",
-            echo: Callable[[int | None, str], None] | None = None) -> TorchrunResult:
+            echo: Callable[[int | None, str], None] | None = None, name: str | None = None) -> TorchrunResult:
         """Run `code` on every rank (or on `rank` only); `timeout` seconds (default: the pool's; None: no limit).
-        Returns a TorchrunResult with `published` from rank 0; raises DistError or DistInterrupted."""
+        `name` is how the ranks' tracebacks call the cell (`<dist In[27]>`; default `<dist cell N>`, N counting
+        this pool's cells). Returns a TorchrunResult with `published` from rank 0; raises DistError or
+        DistInterrupted."""
         if not self.up:
             raise DistError(f"the warm ranks are not running. {RESTART}", None, {}, pool_stopped=True)
         check_arguments(self.nproc, None, rank)
         timeout = self.timeout if timeout == "pool" else check_timeout(timeout)
         self.cells_run += 1
-        return self._run(code, rank, timeout, echo or self.echo)
+        return self._run(code, rank, timeout, echo or self.echo, name)
 
-    def _run(self, code: str, rank: int | None, timeout: float | None, echo: Callable) -> TorchrunResult:
+    def _run(self, code: str, rank: int | None, timeout: float | None, echo: Callable,
+             name: str | None = None) -> TorchrunResult:
         link = self._link
         cell = Cell(self.cells_run, list(range(self.nproc)) if rank is None else [rank],
                     MARK_PREFIX + uuid.uuid4().hex, echo)
@@ -136,7 +139,7 @@ class Pool:
         try:
             with _stop_button() as presses:
                 for r in cell.ranks:
-                    link.send(r, {"op": "run", "cell": cell.number, "code": code, "mark": cell.mark})
+                    link.send(r, {"op": "run", "cell": cell.number, "name": name, "code": code, "mark": cell.mark})
                 self._wait(cell, None if timeout is None else start + timeout, timeout, presses)
             ok = True
         except OSError:  # a rank's socket broke as the cell was sent: that rank has died

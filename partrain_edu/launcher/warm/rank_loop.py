@@ -103,7 +103,7 @@ def main(argv: list[str]) -> int:
                 kernel_died = False
                 break
             try:
-                report = run_cell(message["code"], message["cell"], namespace)
+                report = run_cell(message["code"], message.get("name") or f"cell {message['cell']}", namespace)
             except KeyboardInterrupt:  # it landed between the cell's end and the flag's reset
                 report = describe(KeyboardInterrupt())
             # The end mark goes down the same pipe as the cell's output, after it: the kernel cuts the stream here.
@@ -123,9 +123,10 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def run_cell(code: str, cell: int, namespace: dict) -> dict:
-    """Run one cell's code in `namespace`; {} if it finished, else what went wrong (see `describe`)."""
-    filename = f"<dist cell {cell}>"
+def run_cell(code: str, name: str, namespace: dict) -> dict:
+    """Run one cell's code in `namespace`; {} if it finished, else what went wrong (see `describe`). `name` is
+    how tracebacks call the cell: "In[27]", the notebook's prompt, or "cell 4", the pool's count."""
+    filename = f"<dist {name}>"
     # Registered like IPython's cells, so that a traceback shows the learner's line, not just its number.
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     report: dict = {}
