@@ -27,6 +27,7 @@ DELAY_S = status_line.DELAY_S  # runs shorter than this show nothing; longer one
 class StepProgress:
     def __init__(self, total: int, label: str):
         self.total, self.label, self.start, self.done = total, label, time.monotonic(), 0
+        self.up = 0  # ranks whose process has started (`started`), shown while the first step waits
         self.first_step_at: float | None = None  # the first step also pays for starting the ranks
         self.bar = None
         # In a kernel, the display (status_line.py), empty until DELAY_S; elsewhere tqdm. Either is redrawn every
@@ -41,6 +42,10 @@ class StepProgress:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def started(self, up: int) -> None:
+        """`up` ranks have started (the launcher's `started` callback)."""
+        self.up = up
 
     def step(self, done: int) -> None:
         """`done` steps of `total` have finished."""
@@ -64,7 +69,7 @@ class StepProgress:
         """"ddp on 4 ranks: 7/20 steps, 00:09 spent, about 00:13 left" (or "starting" before the first step)."""
         spent = tqdm.format_interval(now - self.start)
         if self.done == 0:
-            return f"{self.label}: starting, {spent} spent"
+            return f"{self.label}: starting{f' ({self.up} up)' if self.up else ''}, {spent} spent"
         left = ""
         if self.done > 1:  # the time per step, without the start-up the first step waited for
             per_step = (now - self.first_step_at) / (self.done - 1)

@@ -103,7 +103,7 @@ def launch(cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None
         return _launch(cfg, on_step, echo, timeout)
     ranks = 1 if get_strategy(cfg.strategy).in_process else cfg.nproc
     with StepProgress(cfg.steps, f"{cfg.strategy} on {ranks} rank{'s' if ranks > 1 else ''}") as progress:
-        return _launch(cfg, lambda step, loss: progress.step(step + 1), echo, timeout)
+        return _launch(cfg, lambda step, loss: progress.step(step + 1), echo, timeout, progress.started)
 
 
 def _check_before_start(cfg: TrainConfig) -> None:
@@ -112,7 +112,7 @@ def _check_before_start(cfg: TrainConfig) -> None:
 
 
 def _launch(cfg: TrainConfig, on_step: Callable[[int, float], None], echo: Callable[[int | None, str], None] | None,
-            timeout: float | None) -> dict:
+            timeout: float | None, started: Callable[[int], None] | None = None) -> dict:
     from partrain_edu.launcher import call_with_timeout
 
     if cfg.nproc == 1 or get_strategy(cfg.strategy).in_process:
@@ -124,7 +124,7 @@ def _launch(cfg: TrainConfig, on_step: Callable[[int, float], None], echo: Calla
         finally:
             runtime.shutdown()
 
-    return _on_ranks([cfg], on_step, echo, timeout)[0]
+    return _on_ranks([cfg], on_step, echo, timeout, started)[0]
 
 
 def launch_all(cfgs: Sequence[TrainConfig], timeout: float | None = None) -> list[dict]:
@@ -141,11 +141,12 @@ def launch_all(cfgs: Sequence[TrainConfig], timeout: float | None = None) -> lis
     for cfg in cfgs:
         _check_before_start(cfg)
     with StepProgress(sum(cfg.steps for cfg in cfgs), f"{len(cfgs)} runs on {sizes[0]} ranks") as progress:
-        return _on_ranks(list(cfgs), lambda step, loss: progress.step(step + 1), None, timeout)
+        return _on_ranks(list(cfgs), lambda step, loss: progress.step(step + 1), None, timeout, progress.started)
 
 
 def _on_ranks(cfgs: list[TrainConfig], on_step: Callable[[int, float], None],
-              echo: Callable[[int | None, str], None] | None, timeout: float | None) -> list[dict]:
+              echo: Callable[[int | None, str], None] | None, timeout: float | None,
+              started: Callable[[int], None] | None = None) -> list[dict]:
     from partrain_edu.launcher import torchrun
 
     def route(rank: int | None, text: str) -> None:
@@ -158,8 +159,12 @@ def _on_ranks(cfgs: list[TrainConfig], on_step: Callable[[int, float], None],
     runs = json.dumps([to_argv(cfg) for cfg in cfgs])
     # every rank builds a torch optimizer, which imports torch._dynamo (~2 s): once, before the ranks are forked
     result = torchrun("", nproc=cfgs[0].nproc, module="partrain_edu.train", args=["--progress", "--runs", runs],
-                      echo=route, timeout=timeout, preload=["torch._dynamo"])
+                      echo=route, timeout=timeout, preload=["torch._dynamo"], started=started or _quiet)
     return result.published["reports"]
+
+
+def _quiet(up: int) -> None:
+    """The ranks' count goes nowhere: the caller's `on_step` is how a run shows progress (the CLI's bar)."""
 
 
 # -- the rank-side entry point `launch` starts under torchrun ------------------------------------------

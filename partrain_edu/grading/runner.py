@@ -54,8 +54,8 @@ def run_check(name: str, *objects: Any, timeout: float | None = None, seed: int 
     limit = timeout or DEFAULT_TIMEOUT_S
     seed = fresh_seed() if seed is None else seed
     refused = course_imports(objects)
-    if refused:
-        return graded(spec, lambda: [refused], seed)
+    if refused:  # refused before any configuration was drawn: no seed to name
+        return graded(spec, lambda: [refused])
     if spec.nproc == 0:
         def run() -> list[str]:
             with time_limit(limit, name):

@@ -31,6 +31,7 @@ from partrain_edu.launcher.diagnose.oneshot import TorchrunError, failure, misma
 from partrain_edu.launcher.options import (DEFAULT_RUN_TIMEOUT_S, check_arguments, check_timeout, rank_environment,
                                            script_path)
 from partrain_edu.launcher.output import Run, TorchrunResult, print_echo
+from partrain_edu.launcher.status_line import RankStatus, in_kernel
 from partrain_edu.launcher.supervise import supervise
 from partrain_edu.runtime import read_published
 
@@ -46,10 +47,15 @@ def torchrun(code_or_path: str | os.PathLike, nproc: int = 2, timeout: float | N
 
     Returns a `TorchrunResult`; raises `TorchrunError` when any rank fails, or when the run takes longer than
     `timeout` seconds (default 300; None: no limit, a deadlock in a collective still ends after 60 s).
-    `started(k)` is told each time the number of ranks whose process has started grows (`status_line.py`).
+    `started(k)` is told each time the number of ranks whose process has started grows (`status_line.py`); a caller
+    that gives none gets, in a notebook, the ranks' own status line ("starting 2 ranks… 3 s") under the cell.
     `preload` names modules imported once, before the ranks are forked (`launcher.agent`), instead of on each.
     """
     timeout = check_arguments(nproc, timeout, show_rank)
+    if started is None and in_kernel():  # `torchrun(...)` called from a notebook cell: no wait without a line
+        with RankStatus(nproc, timeout) as status:
+            return torchrun(code_or_path, nproc, timeout, args, module=module, backend=backend, show_rank=show_rank,
+                            echo=echo, env=env, started=status.started, preload=preload)
     with tempfile.TemporaryDirectory(prefix="partrain_") as tmp:
         run_dir = Path(tmp)
         (run_dir / "published").mkdir()

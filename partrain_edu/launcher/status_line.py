@@ -18,8 +18,8 @@ import threading
 import time
 from typing import Callable
 
-DELAY_S = 2.0  # a cell quicker than this shows no line at all
-TICK_S = 1.0  # redraw this often: the seconds keep moving while nothing else does
+DELAY_S = 1.5  # a cell quicker than this shows no line at all; a loaded machine's thread may draw it ~0.5 s late
+TICK_S = 0.5  # redraw this often: the seconds keep moving while nothing else does
 
 
 def in_kernel() -> bool:
@@ -105,6 +105,9 @@ class StatusLine:
         self.text, self.tick = text, tick
         self.start = time.monotonic() if since is None else since
         self.ticker = Ticker(self._draw)
+        if since is not None:  # taking over a line already shown: no blank until the first tick
+            with self.ticker.lock:
+                self._draw(time.monotonic())
         self.ticker.start()
 
     def _draw(self, now: float) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import time
 from typing import Any
 
 from partrain_edu.launcher.status_line import RankStatus, StatusLine

@@ -207,7 +207,8 @@ def add_subcommands(subparsers) -> None:
     p = subparsers.add_parser("plan", help="which strategy for this model on these GPUs",
                               description="Every layout that fits, priced by the calibrated model (estimate); "
                                           "the simplest good one, the three fastest, and a layout you give.")
-    p.add_argument("--params", type=params, help="parameter count of a GPT-3-like model, e.g. 70B (or --model / the shape)")
+    p.add_argument("--params", type=params,
+                   help="parameter count of a GPT-3-like model, e.g. 70B (or --model / the shape)")
     p.add_argument("--gpus", type=positive_int, required=True)
     p.add_argument("--gpu-memory", type=memory_bytes, help="bytes per GPU, e.g. 80GB (default: the --device's)")
     add_model_flags(p, positive_int, device_default=None)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import os
 import shutil
 import signal
 import socket
@@ -29,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from partrain_edu.launcher import agent, processes
+from partrain_edu.launcher import agent
 from partrain_edu.launcher.diagnose import findings
 from partrain_edu.launcher.diagnose import warm as diagnosis
 from partrain_edu.launcher.diagnose.oneshot import torchrun_exit_codes
