@@ -41,18 +41,18 @@ def test_references_pass_and_print(capsys):
 
 
 @pytest.mark.parametrize("name, wrong, words", [
-    ("model_state_bytes", lambda p, d, z: 16 * p // (d if z else 1), "ZeRO-1: expected 31,406,250,000 bytes"),
+    ("model_state_bytes", lambda p, d, z: 16 * p // (d if z else 1), "divides 16 by N_d; ZeRO-1 shards the optimizer"),
     ("model_state_bytes", lambda p, d, z: state_bytes(p, d, z) - 4 * p * (z < 1), "Adam states"),
-    ("model_state_bytes", lambda p, d, z: (2 + 2 + 12 // d) * p if z else 16 * p, "0.955× the expected"),
+    ("model_state_bytes", lambda p, d, z: (2 + 2 + 12 // d) * p if z else 16 * p, "(12 // N_d)"),
     ("zero_stage", lambda p, d, b: next((z for z in (3, 2, 1, 0) if state_bytes(p, d, z) <= b), None),
      "LOWEST stage"),
     ("zero_stage", lambda p, d, b: next((z for z in range(4) if state_bytes(p, d, z) <= b), 3), "None"),
     ("one_f_one_b", lambda p, m: [[("F", i) for i in range(m)] + [("B", i) for i in range(m)] for _ in range(p)],
-     "holds 8 micro-batches' activations"),
+     "that is GPipe's order"),
     ("one_f_one_b", lambda p, m: [[("B", i) for i in range(m)] + [("F", i) for i in range(m)] for _ in range(p)],
      "deadlocks"),
     ("one_f_one_b", lambda p, m: [a[:-1] for a in one_f_one_b(p, m)], "off by one at the warm-up or cool-down"),
-    ("one_f_one_b", lambda p, m: one_f_one_b(p, m)[:-1], "expected a list of 4 per-stage lists"),
+    ("one_f_one_b", lambda p, m: one_f_one_b(p, m)[:-1], "per-stage lists (one per stage), got list of length"),
 ])
 def test_wrong_answers_are_caught(name, wrong, words):
     result = run_check(name, wrong)
@@ -86,17 +86,18 @@ def test_a_failed_check_in_ipython_shows_only_the_learners_problem_lines(capsys)
 
     shell = InteractiveShell.instance()
     result = shell.run_cell("from partrain_edu.grading import check\n"
-                            "check('groups_inside_node', lambda dp, tp, pp, g: {'tp': True, 'dp': False, "
-                            "'pp': False})", store_history=False)
+                            "check('groups_inside_node', lambda dp, tp, pp, g, order: {'tp': True, 'dp': False, "
+                            "'pp': False}, seed=3)", store_history=False)
     assert isinstance(result.error_in_exec, AssertionError)  # still an AssertionError for pytest and nbval
     shown = capsys.readouterr().out
     lines = shown.splitlines()
-    first_item = [lines[1]] + [line for line in lines[2:6] if line.startswith("    ")]  # wrapped under its "- "
+    first_item = [lines[1]] + [line for line in lines[2:8] if line.startswith("    ")]  # wrapped under its "- "
     assert lines[0] == "✗ groups_inside_node failed:" and max(map(len, lines)) <= WRAP_COLUMNS, shown
     assert " ".join(part.strip() for part in first_item) == (
-        "- dp=2, tp=4, pp=8 on 8-GPU nodes (64 GPUs): dp groups expected inside one node, got crossing: e.g. dp "
-        "group [59, 63] is all on node 7. Hint: rank = tp_rank + tp·(dp_rank + dp·pp_rank), so dp ranks are tp = 4 "
-        "apart: a dp group stretches over tp·dp = 8 consecutive ranks, and a node holds 8"), shown
+        "- groups_inside_node(4, 1, 2, 8, 'tp-dp-pp') (dp=4, tp=1, pp=2 in order 'tp-dp-pp' on 8-GPU nodes, 8 GPUs): "
+        "dp groups expected inside one node, got crossing: e.g. dp group [4, 5, 6, 7] is all on node 0. Hint: in order "
+        "'tp-dp-pp' (innermost first) rank = tp_rank + tp·(dp_rank + dp·pp_rank), so dp ranks are tp = 1 apart: a dp "
+        "group stretches over tp·dp = 4 consecutive ranks, and a node holds 8."), shown
     assert "Traceback" not in shown and "runner.py" not in shown and "File " not in shown, shown
 
 

@@ -25,7 +25,7 @@ import pytest
 from conftest import processes_with
 
 from partrain_edu.cli import main
-from partrain_edu.grading.checks.ring_all_reduce import RING_LENGTHS, ring_input
+from partrain_edu.grading.checks.ring_all_reduce import RANKS, inputs, rounds
 from partrain_edu.grading.headless.cli import seconds
 from partrain_edu.grading.headless.grader import grade_notebook
 from partrain_edu.grading.headless.sandbox import PACKAGE, USER, _unjailed, isolation_for
@@ -37,7 +37,7 @@ from partrain_edu.parallel.ring import ring_bytes_sent_by
 ROOT = Path(__file__).resolve().parents[1]
 EXERCISE = "03_memory_zero_stage"
 LIMIT_S = 30
-RANKS_LIMIT_S = 180  # a notebook whose check starts 3 ranks: over 30 s with another `make test` beside it
+RANKS_LIMIT_S = 180  # a notebook whose check starts 4 ranks: over 30 s with another `make test` beside it
 SITE_PTH = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / \
     "site-packages" / "zz_tampered_by_submission.pth"
 
@@ -287,17 +287,23 @@ FORGE_VERDICT = """def ring_all_reduce(tensor, group=None):
     import os, sys; runtime = sys.modules["partrain_edu" + ".runtime"]
     runtime.publish("grading", {0: [], 1: [], 2: []}); os._exit(0)
 """
-# Clean-looking observations: the right shapes, no collective, the ring's byte counts; but the values are what a
-# rank holds without talking to the others (its own tensor), not the sum the grader computes itself.
+# Clean-looking observations: the run's rounds (read from the job's seed), the right shapes, no collective, the
+# ring's neighbours and byte counts; but the values are the sum of ranks 0 and 1 only, not the sum of the group
+# that the grader computes itself.
 FORGE_OBSERVATIONS = """def ring_all_reduce(tensor, group=None):
     import json, os, sys
-    import torch
-    runtime, ring = (sys.modules["partrain_edu" + name] for name in (".runtime", ".parallel.ring"))
-    ring_bytes_sent_by = ring.ring_bytes_sent_by
-    runs = [{"out": {"shape": [n], "values": (1 + 8 * torch.arange(n)).tolist()},  # rank 0's own tensor
-             "ops": {"isend": 4, "irecv": 4}, "sent": ring_bytes_sent_by(0, n, 4, 3), "bytes": {},
-             "peers": {"isend": [1], "irecv": [2]}} for n in (12, 7, 2)]
-    runtime.publish("observations", json.dumps([runs] * 3))
+    runtime, ring, check = (sys.modules["partrain_edu" + name] for name in
+                            (".runtime", ".parallel.ring", ".grading.checks.ring_all_reduce"))
+    seed = json.load(open(sys.argv[1]))["seed"]
+
+    def seen(rnd, me):
+        members, given = rnd.group_of(me), check.inputs(rnd)
+        g, n = members.index(me), len(members)
+        values = {"shape": [rnd.numel], "values": (given[0] + given[1]).tolist()}
+        return {"out": values, "returned": values, "ops": {"isend": 4, "irecv": 4}, "bytes": {},
+                "sent": ring.ring_bytes_sent_by(g, rnd.numel, 4, n),
+                "peers": {"isend": [members[(g + 1) % n]], "irecv": [members[(g - 1) % n]]}}
+    runtime.publish("observations", json.dumps([[seen(rnd, me) for rnd in check.rounds(seed)] for me in range(4)]))
     os._exit(0)
 """
 FORGE_HUGE = """def ring_all_reduce(tensor, group=None):
@@ -310,7 +316,7 @@ FORGE_HUGE = """def ring_all_reduce(tensor, group=None):
 
 @pytest.mark.parametrize("body, words", [
     (FORGE_VERDICT, "the ranks finished without reporting their observations"),
-    (FORGE_OBSERVATIONS, "Element 0 holds the sum of rank(s) [0] (rank(s) [1, 2] never added)"),
+    (FORGE_OBSERVATIONS, "Element 0 holds the sum of rank(s) [0, 1] (rank(s) [2, 3] never added)"),
     (FORGE_HUGE, "the ranks published over 1 MiB of observations"),
 ], ids=["verdict", "observations", "huge"])
 def test_a_function_body_that_forges_the_ranks_report_fails(tmp_path, body, words):
@@ -324,12 +330,24 @@ def test_a_function_body_that_forges_the_ranks_report_fails(tmp_path, body, word
     assert verdict["message"].count("\n") == 2, verdict["message"]  # "✗ … failed:", one reason, its seed
 
 
-def _reference_ring(n: int = 3) -> list:
-    """What honest ranks observe in check ring_all_reduce: the sums, point-to-point only, the ring's bytes."""
-    return [[{"out": {"shape": [k], "values": sum(ring_input(k, q) for q in range(n)).tolist()},
-              "ops": {"isend": 4, "irecv": 4}, "sent": ring_bytes_sent_by(r, k, 4, n), "bytes": {},
-              "peers": {"isend": [(r + 1) % n], "irecv": [(r - 1) % n]}}
-             for k in RING_LENGTHS] for r in range(n)]
+RING_SEED = 5  # a run whose first round all-reduces 12 elements on the default group
+
+
+def _reference_ring() -> list:
+    """What honest ranks observe in check ring_all_reduce on run RING_SEED: the group's sums, in place,
+    point-to-point only, the ring's neighbours and bytes."""
+    ranks = []
+    for r in range(RANKS):
+        calls = []
+        for rnd in rounds(RING_SEED):
+            members = rnd.group_of(r)
+            g, n = members.index(r), len(members)
+            total = {"shape": [rnd.numel], "values": sum(inputs(rnd)[q] for q in members).tolist()}
+            calls.append({"out": total, "returned": total, "ops": {"isend": 4, "irecv": 4}, "bytes": {},
+                          "sent": ring_bytes_sent_by(g, rnd.numel, 4, n),
+                          "peers": {"isend": [members[(g + 1) % n]], "irecv": [members[(g - 1) % n]]} if n > 1 else {}})
+        ranks.append(calls)
+    return ranks
 
 
 def _spoiled(path: tuple, value) -> str:
@@ -347,7 +365,7 @@ def _spoiled(path: tuple, value) -> str:
     ("{'python': 'repr'}", "not JSON"),
     (json.dumps([[0.5] * 300_000] * 3), "over 1 MiB"),
     ("[" * 50_000 + "]" * 50_000, "nested too deeply"),
-    (json.dumps([[]] * 2), "not a list of 3 items"),
+    (json.dumps([[]] * 2), "not a list of 4 items"),
     (_spoiled((0, "out", "values"), [math.nan] * 12), "got nan"),
     (_spoiled((0, "out", "values"), [0.5] * 13), "does not hold 12 values"),
     (_spoiled((0, "out", "values"), "twelve"), "does not hold 12 values"),
@@ -364,6 +382,6 @@ def _spoiled(path: tuple, value) -> str:
 ])
 def test_observations_of_the_wrong_kind_fail_in_one_line(text, words):
     spec = spec_of("ring_all_reduce", 1)
-    assert verify(spec, json.dumps(_reference_ring()), 0) == []  # the only way to pass: the grader's own values
-    problems = verify(spec, text, 0)
+    assert verify(spec, json.dumps(_reference_ring()), RING_SEED) == []  # the only way to pass: the grader's values
+    problems = verify(spec, text, RING_SEED)
     assert len(problems) == 1 and "\n" not in problems[0] and words in problems[0], problems

@@ -30,7 +30,7 @@ COURSE_IMPLEMENTATION = {
     "sharded_optimizer": "from partrain_edu.parallel.zero import ZeroOptimizer",
     "activation_checkpointing": "from partrain_edu.parallel.sequence import SavedBytes",
     "pipeline_executor": "from partrain_edu.parallel.pipeline import PipelineExecutor",
-    "ring_attention": "from partrain_edu.grading.checks.ring_attention import attention",
+    "ring_attention": "from partrain_edu.grading.checks.ring_attention_reference import attention",
     "max_dp_degree": "from partrain_edu.theory.traffic import ring_bytes_sent",
     "max_fsdp_degree": "from partrain_edu.theory.traffic import ring_bytes_sent",
     "max_tp_degree": "from partrain_edu.theory.traffic import ring_bytes_sent",

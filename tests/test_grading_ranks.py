@@ -1,33 +1,13 @@
-"""Grading on ranks: deliberately wrong answers (off-by-one chunk, missing average, per-parameter all-reduce,
-the wrong shard, too many bytes, swapped f/g, a deadlocking receive order, a helper left outside the function)
-are caught with the message that names the mistake, showing only the learner's own frames — and a deadlock
-ends in a timeout message, not a hang. Each case is one torchrun launch."""
+"""Grading on ranks: deliberately wrong answers (missing average, per-parameter all-reduce, too many bytes, swapped
+f/g, a deadlocking receive order, a helper left outside the function) are caught with the message that names the
+mistake, showing only the learner's own frames — and a deadlock ends in a timeout message, not a hang. Each case
+is one torchrun launch. (Exercises 01's and 04's wrong answers, graded on fixed seeds, are in
+test_exercise_ring_all_reduce.py and test_exercise_zero1_optimizer.py.)"""
 import pytest
 import torch
 import torch.distributed as dist
 
 from partrain_edu.grading import run_check
-
-
-def ring_uneven_chunks(tensor, group=None):
-    # off by one: every chunk numel // n long, so the last numel % n elements are never reduced
-    n, me = dist.get_world_size(group), dist.get_rank(group)
-    flat, size = tensor.view(-1), tensor.numel() // n
-    bounds = [(k * size, (k + 1) * size) for k in range(n)]
-    for phase in ("reduce", "gather"):
-        for step in range(n - 1):
-            send = (me - step - 1) % n if phase == "reduce" else (me - step) % n
-            recv = (send - 1) % n
-            incoming = torch.empty(size)
-            works = [dist.irecv(incoming, src=(me - 1) % n), dist.isend(flat[bounds[send][0]:bounds[send][1]],
-                                                                          dst=(me + 1) % n)]
-            for w in works:
-                w.wait()
-            if phase == "reduce":
-                flat[bounds[recv][0]:bounds[recv][1]] += incoming
-            else:
-                flat[bounds[recv][0]:bounds[recv][1]] = incoming
-    return tensor
 
 
 def ring_receive_first(tensor, group=None):
@@ -65,50 +45,6 @@ def ddp_per_parameter(params, cap_bytes, group=None):
 
     for p in params:
         p.register_post_accumulate_grad_hook(hook)
-
-
-def zero1_wrong_shard(param, grad, momentum, group=None, lr=0.1, beta=0.9):
-    n, me = dist.get_world_size(), dist.get_rank()
-    shard = param.numel() // n
-    total = grad.clone()
-    dist.all_reduce(total)
-    other = (me + 1) % n  # off by one: updates the neighbour's shard
-    momentum.mul_(beta).add_(total[other * shard:(other + 1) * shard] / n)
-    param[other * shard:(other + 1) * shard] -= lr * momentum
-
-
-def zero1_all_reduce(param, grad, momentum, group=None, lr=0.1, beta=0.9):
-    n, me = dist.get_world_size(), dist.get_rank()
-    shard = param.numel() // n
-    total = grad.clone()
-    dist.all_reduce(total)  # correct values, but every rank receives every entry: twice the traffic needed
-    momentum.mul_(beta).add_(total[me * shard:(me + 1) * shard] / n)
-    mine = (param[me * shard:(me + 1) * shard] - lr * momentum).contiguous()
-    gathered = torch.empty_like(param)
-    dist.all_gather_into_tensor(gathered, mine)
-    param.copy_(gathered)
-
-
-def ring_reversed(tensor, group=None):
-    # right values and bytes, wrong direction: every rank sends left and receives from the right
-    n, me = dist.get_world_size(group), dist.get_rank(group)
-    flat = tensor.view(-1)
-    bounds = chunk_bounds(flat.numel(), n)  # noqa: F821 - given on the ranks
-    for phase in ("reduce", "gather"):
-        for step in range(n - 1):
-            send = (me + step + 1) % n if phase == "reduce" else (me + step) % n
-            recv = (send + 1) % n
-            incoming = torch.empty(bounds[recv][1] - bounds[recv][0])
-            works = [dist.irecv(incoming, src=(me + 1) % n)] if incoming.numel() else []
-            if bounds[send][1] > bounds[send][0]:
-                works.append(dist.isend(flat[bounds[send][0]:bounds[send][1]], dst=(me - 1) % n))
-            for w in works:
-                w.wait()
-            if phase == "reduce":
-                flat[bounds[recv][0]:bounds[recv][1]] += incoming
-            else:
-                flat[bounds[recv][0]:bounds[recv][1]] = incoming
-    return tensor
 
 
 def ddp_all_at_the_end(params, cap_bytes, group=None):
@@ -170,18 +106,6 @@ def ddp_blocking(params, cap_bytes, group=None):
             p.register_post_accumulate_grad_hook(hook)
 
 
-def zero1_full_momentum(param, grad, momentum, group=None, lr=0.1, beta=0.9):
-    # ZeRO-1's bytes (one all-reduce = reduce-scatter + all-gather), but every rank keeps the full momentum
-    n, me = dist.get_world_size(), dist.get_rank()
-    state = zero1_full_momentum.__dict__.setdefault("m", torch.zeros_like(param))
-    total = grad.clone()
-    dist.all_reduce(total)
-    state.mul_(beta).add_(total / n)
-    param -= lr * state
-    shard = param.numel() // n
-    momentum.copy_(state[me * shard:(me + 1) * shard])
-
-
 def identity(x, group=None):
     return x
 
@@ -201,18 +125,13 @@ def mlp_bias_every_rank(x, w1, b1, w2, b2, group, f, g):
 
 
 CASES = [
-    ("ring_all_reduce", [ring_uneven_chunks], 60, "length 7 on 3 ranks"),
-    ("ring_all_reduce", [ring_reversed], 60, "rank 0 sent to rank(s) [2] and received from [1]; in a ring"),
-    ("ddp_buckets", [ddp_all_at_the_end], 60, "no bucket's all-reduce had left when the last gradient"),
-    ("ddp_buckets", [ddp_blocking], 60, "blocked inside the hook, stalling backward: pass async_op=True"),
-    ("zero1_step", [zero1_full_momentum], 60, "ZeRO-1 reduce-scatters the gradients"),
+    ("ddp_buckets", [ddp_all_at_the_end], 60, "but no all-reduce left before the next gradient"),
+    ("ddp_buckets", [ddp_blocking], 60, "was blocking (async_op=False): it held up backward inside the hook"),
     ("ring_all_reduce", [ring_receive_first], 15, "timed out (limit 15 s)"),
-    ("ddp_buckets", [ddp_sum_not_mean], 60, "Missing average: divide the summed bucket by the world size 2"),
-    ("ddp_buckets", [ddp_per_parameter], 60, "one per parameter is what buckets avoid"),
-    ("zero1_step", [zero1_wrong_shard], 60, "That is rank 1's shard"),
-    ("zero1_step", [zero1_all_reduce], 60, "an all-reduce of the gradients sends twice"),
+    ("ddp_buckets", [ddp_sum_not_mean], 60, "bucket 0 was full"),   # its one bucket leaves too late to be summed
+    ("ddp_buckets", [ddp_per_parameter], 60, "One all-reduce per parameter is what buckets avoid"),
     ("tp_f_g", [all_reduce, identity, identity, all_reduce], 60, "f and g are swapped?"),  # f ↔ g
-    ("tp_mlp", [mlp_bias_every_rank], 60, "the bias b2 is added once, after g"),
+    ("tp_mlp", [mlp_bias_every_rank], 60, "b2 went into g on each of the"),
     ("ring_all_reduce", [ring_with_helper], 60, "NameError: name 'exchange' is not defined — only your function's"),
 ]
 
@@ -240,6 +159,6 @@ def ring_not_started(tensor, group=None):
 def test_not_implemented_is_a_clean_failure_on_ranks_and_up_front():
     result = run_check("ring_all_reduce", ring_half_done, timeout=60)
     assert not result.passed
-    assert "not implemented yet: write your answer here (3 ranks)" in result.message, result.message
+    assert "not implemented yet: write your answer here (4 ranks)" in result.message, result.message
     result = run_check("ring_all_reduce", ring_not_started)  # no launch needed
     assert "ring_not_started: not implemented yet: write your answer here, then run" in result.message

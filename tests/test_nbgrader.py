@@ -1,7 +1,7 @@
 """nbgrader takes the course as it is: in a course directory laid out from solutions/ (nbgrader_config.py),
 nbgrader's own `generate_assignment` releases exactly exercises/, and its `autograde` scores each check cell of a
 submission as `partrain-edu check` scores that check — for a solution, a blank exercise and a half-right answer,
-on an in-process exercise (03) and a 3-rank one (01). Each tool runs once, as an instructor would run it, on all
+on an in-process exercise (03) and a 4-rank one (01). Each tool runs once, as an instructor would run it, on all
 of them ("*": every assignment, every student)."""
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ def observe_on_ranks(spec: Check, sources: list[Source], timeout: float, seed: i
         job.write_text(json.dumps({"check": spec.name, "sources": [s.text for s in sources],
                                    "names": [s.name for s in sources], "seed": seed}))
         # In a notebook, a line from the first moment (the launcher loads torch: seconds in a fresh kernel) while
-        # it waits: "check: starting 3 ranks… 4 s", then "check: waiting for 3 ranks (23 s, limit 60 s)".
+        # it waits: "check: starting 4 ranks… 4 s", then "check: waiting for 4 ranks (23 s, limit 60 s)".
         with RankStatus(spec.nproc, timeout, starting="check: starting {n} ranks… {s} s{up}",
                         running="check: waiting for {n} ranks ({s} s, {limit})") as status:
             from partrain_edu.launcher import TorchrunError, torchrun
@@ -83,6 +83,9 @@ def explain_failure(err, spec: Check, timeout: float, sources: list[Source]) -> 
         return (f"{where}: a message of {got} bytes arrived where the receiving call expected {expected} bytes "
                 "(Gloo stopped the run): two ranks disagree on a message — who sends to whom, or how many "
                 f"elements. {spec.mismatch_hint or 'Every send must meet a receive of the same size from that rank.'}")
+    if not err.rank_traceback and " was killed by signal " in str(err):  # no Python error: Gloo crashed the rank
+        return (f"{str(err).strip().splitlines()[0][:300]} — a crash inside the backend, most often from ranks that "
+                f"disagree on a message's size or partner. {spec.mismatch_hint or ''}".rstrip())
     if err.timed_out or "timed out" in tb.lower() or "timeout" in last[0].lower():
         return (f"{where}: timed out (limit {timeout:g} s) — the ranks waited on each other forever. "
                 f"{spec.deadlock_hint or 'Every rank must make the same calls in the same order.'}")

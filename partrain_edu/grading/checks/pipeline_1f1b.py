@@ -16,7 +16,7 @@ import operator
 from collections import Counter
 
 from partrain_edu.grading.givens.pipeline_1f1b import as_schedule
-from partrain_edu.grading.registry import Problem, register
+from partrain_edu.grading.registry import LearnerError, Problem, register
 from partrain_edu.grading.trials import stream
 from partrain_edu.theory.schedules import simulate   # the sandbox's view has it
 
@@ -27,7 +27,7 @@ FORM, COVER, DEADLOCK, PEAK, BUBBLE = range(5)
 
 def cases(seed: int) -> list[tuple[int, int]]:
     """The run's (p, m), smallest first: the edge cases of the warm-up (m < p − 1, m = 1, m = p − 1, m = p),
-    then m > p. About 150 pairs are possible, so one run's list says little about the next one's."""
+    then m > p. About 140 pairs are possible, so one run's list says little about the next one's."""
     rng = stream(seed, "one_f_one_b")
     p = rng.randint(3, MOST_STAGES)
     drawn = {(p, rng.randint(1, p - 2))}             # stage 0's warm-up would ask for micro-batches past m
@@ -45,6 +45,10 @@ def cases(seed: int) -> list[tuple[int, int]]:
 def _listed(values, most: int = 8) -> str:
     values = list(values)
     return "[" + ", ".join(map(str, values[:most])) + (", …]" if len(values) > most else "]")
+
+
+def _numbers(m: int) -> str:
+    return "micro-batch 0 only" if m == 1 else f"micro-batches 0..{m - 1}"
 
 
 def _order(stage: list[tuple[str, int]], most: int = 24) -> str:
@@ -69,10 +73,10 @@ def _form(lists, p: int, where: str) -> list[list[tuple[str, int]]] | str:
         for item in stage:
             try:
                 kind, mb = item
+                if not isinstance(kind, str) or kind not in ("F", "B") or isinstance(mb, bool):
+                    raise ValueError
                 pairs.append((kind, operator.index(mb)))
             except (TypeError, ValueError):
-                return f"{where}, stage {s}: each action must be a pair like ('F', 0) or ('B', 3), got {item!r:.40}"
-            if kind not in ("F", "B") or isinstance(mb, bool):
                 return f"{where}, stage {s}: each action must be a pair like ('F', 0) or ('B', 3), got {item!r:.40}"
         out.append(pairs)
     return out
@@ -85,19 +89,20 @@ def _coverage(stage: list[tuple[str, int]], s: int, p: int, m: int, where: str) 
         absent = sorted(i for i in count if not 0 <= i < m)
         if absent:
             # The evidence of an uncapped warm-up: the stage's leading forwards number p − s − 1 > m.
-            hint = (f". Hint: it runs p − s − 1 = {p - s - 1} warm-up forwards, but there are only {m} micro-batches: "
-                    "the warm-up is min(p − s − 1, m) forwards" if kind == "F" and p - s - 1 > m
+            hint = (f". Hint: it runs p − s − 1 = {p - s - 1} warm-up forwards, more than m = {m}: the warm-up is "
+                    "min(p − s − 1, m) forwards" if kind == "F" and p - s - 1 > m
                     and _lead(stage) == p - s - 1 else "")
             return (f"{where}, stage {s}: its {kind} actions name micro-batch(es) {_listed(absent)}, which do not "
-                    f"exist: there are m = {m}, numbered 0..{m - 1}{hint}")
+                    f"exist: m = {m} means {_numbers(m)}{hint}")
         missing = [i for i in range(m) if not count[i]]
         twice = [i for i in range(m) if count[i] > 1]
         if missing or twice:
-            said = "; ".join(part for part in (missing and f"missing {_listed(missing)}",
-                                                twice and f"more than once {_listed(twice)}") if part)
+            said = " and ".join(part for part in (missing and f"leave out micro-batch(es) {_listed(missing)}",
+                                                   twice and f"run micro-batch(es) {_listed(twice)} more than once")
+                                if part)
             edge = not twice and missing in ([0], [m - 1])
-            return (f"{where}, stage {s}: its {kind} actions cover the micro-batches with {said}; each of 0..{m - 1} "
-                    "runs exactly once" + (" (off by one at the warm-up or cool-down?)" if edge else ""))
+            return (f"{where}, stage {s}: its {kind} actions {said}; it must run each of the m = {m} exactly "
+                    "once" + (" (off by one at the warm-up or cool-down?)" if edge else ""))
     return None
 
 
@@ -108,7 +113,8 @@ def _deadlock(stages: list[list[tuple[str, int]]], error: ValueError, where: str
             if kind == "B" and i not in ran:
                 return (f"{where}: the schedule deadlocks: stage {s} runs B{i} before its own F{i}. Hint: a "
                         "micro-batch's backward needs its forward's activations")
-            ran.add(i)
+            if kind == "F":
+                ran.add(i)
     waits = str(error).split("deadlocks: ", 1)[-1].split("; reorder", 1)[0].replace(" chunk 0", "")
     return (f"{where}: the schedule deadlocks: {waits}. Hint: stage s runs F(i) only after stage s − 1 has, and "
             "B(i) only after stage s + 1 has: a stage that runs a backward before the forward its neighbour "
@@ -119,14 +125,14 @@ def _peak(stage: list[tuple[str, int]], s: int, p: int, m: int, held: int, where
     bound = min(p - s, m)
     lead = _lead(stage)
     if lead == m:
-        why = " All its forwards run before any backward: that is GPipe's order, which holds all m."
+        why = " — all its forwards run before any backward: that is GPipe's order, which holds all m"
     elif lead > p - s:
-        why = (f" It runs {lead} forwards before its first backward; 1F1B runs p − s = {p - s} (p − s − 1 "
-               "warm-up forwards, then the first forward of the steady phase).")
+        why = (f" — it runs {lead} forwards before its first backward; 1F1B runs p − s = {p - s} (p − s − 1 "
+               "warm-up forwards, then the first forward of the steady phase)")
     else:
-        why = " Hint: after the warm-up, alternate one forward and one backward: each backward frees one."
+        why = ". Hint: after the warm-up, alternate one forward and one backward: each backward frees one"
     return (f"{where}, stage {s}: holds {held} micro-batches' activations at its peak; 1F1B holds at most "
-            f"min(p − s, m) = {bound}. Your order: {_order(stage)}.{why}")
+            f"min(p − s, m) = {bound}. Your order: {_order(stage)}{why}")
 
 
 def _bubble(stages: list[list[tuple[str, int]]], p: int, m: int, got: float, where: str) -> str:
@@ -140,9 +146,27 @@ def _bubble(stages: list[list[tuple[str, int]]], p: int, m: int, got: float, whe
             f"t_B = 2 t_F).{why}")
 
 
+def _where(p: int, m: int) -> str:
+    return f"{p} stages, {m} micro-batch{'es' if m > 1 else ''}"
+
+
+def _called(one_f_one_b, p: int, m: int):
+    """The learner's lists for (p, m); a crash is told with the (p, m) it happened on."""
+    try:
+        return one_f_one_b(p, m)
+    except NotImplementedError:
+        raise
+    except LearnerError as exc:   # the headless grader's word for a crash in the sandbox; or a time limit
+        if str(exc).startswith("your code raised"):
+            raise LearnerError(f"{_where(p, m)}: {exc}") from None
+        raise
+    except Exception as exc:
+        raise LearnerError(f"{_where(p, m)}: your code raised {type(exc).__name__}: {exc}") from None
+
+
 def grade(lists, p: int, m: int) -> Problem | None:
     """The first problem of the learner's schedule for (p, m), by level (form, cover, deadlock, peak, bubble)."""
-    where = f"{p} stages, {m} micro-batch{'es' if m > 1 else ''}"
+    where = _where(p, m)
     stages = _form(lists, p, where)
     if isinstance(stages, str):
         return Problem(stages, at=(FORM, p, m))
@@ -166,6 +190,6 @@ def grade(lists, p: int, m: int) -> Problem | None:
           "runs each micro-batch's F and B once and nothing else, the schedule never deadlocks, stage s holds at "
           "most min(p−s, m) micro-batches' activations and the bubble is (p−1)/(m+p−1) (1F1B)")
 def verify(one_f_one_b, *, seed: int) -> list[str]:
-    problems = [problem for p, m in cases(seed) if (problem := grade(one_f_one_b(p, m), p, m))]
+    problems = [problem for p, m in cases(seed) if (problem := grade(_called(one_f_one_b, p, m), p, m))]
     # The most basic kind of problem first (a wrong form before a wrong bubble), on its smallest (p, m).
     return [min(problems, key=lambda problem: problem.at)] if problems else []

@@ -2,8 +2,8 @@
 shard, and `views` of a flat tensor as the unit's weight and bias. Neither is the answer: deciding when to
 gather, what to keep, when to let go and how to reduce the gradient is.
 
-    full = gather(shard, group)                  # (n·s,) every rank's shard, in rank order
-    W, b = views(full, [(16, 16), (16,)])        # views: W and b keep `full` alive while they live
+    full = gather(shard, group)                  # (n·s,) every shard of the group, in group-rank order
+    W, b = views(full, [(d, d), (d,)])           # views: W and b keep `full` alive while they live
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import torch.distributed as dist
 
 
 def gather(shard: torch.Tensor, group=None) -> torch.Tensor:
-    """A new (n·s,) tensor holding every rank's (s,) `shard` in rank order: the unit's full flat parameters,
-    padding included. One all-gather, (n−1)/n·(n·s·bytes) sent by each rank. Not differentiable: the result
-    is a plain tensor, whatever `shard` requires."""
+    """A new (n·s,) tensor holding the (s,) `shard` of every rank of `group` (None: all ranks; n its size) in
+    group-rank order: the unit's full flat parameters, padding included. One all-gather on `group`, (n−1)/n·(n·s·bytes)
+    sent by each rank. Not differentiable: the result is a plain tensor, whatever `shard` requires."""
     full = torch.empty(dist.get_world_size(group) * shard.numel(), dtype=shard.dtype)
     dist.all_gather_into_tensor(full, shard.detach().contiguous(), group=group)
     return full

@@ -27,9 +27,10 @@ EXPOSED: dict[str, tuple[str, ...]] = {
     "theory.hardware": ("DEVICES",),
     "theory.traffic": ("ring_bytes_sent",),   # comm.costs prices the ranks' collectives with it
 }
-# The trusted half of an in-process check whose very text states the answer (exercise 13's closed forms): the
-# sandbox never runs it, so it gets an empty file there (its ranks and kernel import the module, find nothing).
-EMPTIED = ("grading/checks/communication_bounds.py",)
+# The trusted halves of an in-process check whose very text states the answer (exercise 13's check and the closed
+# forms of its reference): the sandbox never runs them, so each gets an empty file there (its ranks and kernel
+# import every checks module, find nothing). Nothing that runs in the sandbox may import a name from them.
+EMPTIED = ("grading/checks/communication_bounds.py", "grading/checks/communication_bounds_reference.py")
 
 
 def _defined(node: ast.stmt) -> set[str]:
@@ -87,7 +88,7 @@ def build(dest: Path) -> list[tuple[str, str]]:
             cache.mkdir(exist_ok=True)   # so that a cache written later is covered too
         except OSError:   # a package nobody can write has no cache to come
             pass
-        if cache.is_dir():
+        if cache.is_dir() and str(cache) not in {covered for _, covered in covers}:   # one cover per folder
             (empty.parent / f"{empty.stem}__pycache__").mkdir(exist_ok=True)
             covers.append((str(empty.parent / f"{empty.stem}__pycache__"), str(cache)))
     for path in dest.rglob("*"):
