@@ -24,3 +24,19 @@ def test_one_notebook_named_after_no_exercise_exits_2_naming_the_fix(tmp_path, c
     assert main(["check", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot tell which exercise" in err and "--exercise" in err
+
+
+def test_each_check_draws_a_fresh_seed_unless_seed_fixes_it(capsys):
+    """The grader draws each check's configurations from a fresh seed and reports it; `--seed S` fixes it, so an
+    instructor can grade the very same configurations again (exercise 03: in-process checks, no ranks)."""
+    import json
+    from pathlib import Path
+
+    notebook = Path(__file__).resolve().parents[1] / "solutions" / "03_memory_zero_stage.ipynb"
+    seeds = []
+    for flags in ([], [], ["--seed", "12345"]):
+        assert main(["check", str(notebook), "--json", *flags]) == 0
+        checks = json.loads(capsys.readouterr().out)["notebooks"][0]["checks"]
+        assert [c["passed"] for c in checks] == [True, True]
+        seeds.append([c["seed"] for c in checks])
+    assert seeds[0] != seeds[1] and seeds[2] == [12345, 12345]

@@ -158,3 +158,17 @@ def test_every_run_draws_uneven_short_and_divisible_lengths_and_a_group_without_
                      sum(k % n == 0 for k in lengths)]
             assert kinds == [1, 1, 1], (seed, n, lengths)
     assert len({tuple(r.numel for r in rounds(s)) for s in range(50)}) > 40  # seldom the same lengths twice
+
+
+def test_a_one_element_result_is_read_as_the_sum_it_holds_not_as_a_scaled_input():
+    # An examiner's answer left rank 1's input alone in a length-1 tensor: one element is a multiple of anything,
+    # so the "scaled" rule must not fire; the decoding names the ranks summed instead.
+    from partrain_edu.grading.checks.ring_all_reduce import ring_diagnosis, ring_input
+
+    given = {r: ring_input(1, r, offset=10 * r + 3) for r in range(4)}
+    expected = sum(given.values())
+    text, named = ring_diagnosis(expected, given[1].clone(), given, 0)
+    assert "holds the sum of rank(s) [1]" in text and "scaled" not in text, text
+    longer = {r: ring_input(3, r, offset=10 * r + 3) for r in range(4)}
+    scaled = ring_diagnosis(sum(longer.values()), 3 * longer[0], longer, 0)[0]  # 3 × rank 0's: a sum of no ranks
+    assert "every element is 3× this rank's own input" in scaled, scaled

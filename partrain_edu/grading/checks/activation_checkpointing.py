@@ -216,14 +216,20 @@ def cost_hint(run: Run, budget: int, mine: list[int], cost: int, fits: dict) -> 
         return "checkpointing every block always fits, but recomputes the whole forward"
     if min(fits.values()) == 0:
         return f"the plain forward fits ({held[plan_of(frozenset(), False, n=len(flops))]} B ≤ {budget} B)"
-    if below and cost == min(below):
+    strict = bool(below) and cost == min(below)
+    greedy_by = next((order for order in ("bytes saved", "bytes saved per FLOP")
+                      if set(mine) == greedy(run.stack, budget, order)), None)
+    if strict and greedy_by:  # two mistakes give this plan: name both, not one at random
+        return (f"that is both the cheapest plan holding less than {budget} B and what taking blocks by most "
+                f"{greedy_by} first gives: compare with bytes ≤ budget (not <), and compare every subset of the "
+                "blocks (a greedy order can miss the optimum of this 0/1 knapsack)")
+    if strict:
         return (f"that is the cheapest plan holding less than {budget} B; a plan holding exactly the budget fits "
                 "too (bytes ≤ budget)")
-    for order in ("bytes saved", "bytes saved per FLOP"):
-        if set(mine) == greedy(run.stack, budget, order):
-            return (f"that is what taking blocks by most {order} first gives, and a greedy order can miss the "
-                    "optimum: minimise Σ FLOPs of the recomputed blocks subject to bytes ≤ budget, a 0/1 knapsack "
-                    "— compare every subset of the blocks")
+    if greedy_by:
+        return (f"that is what taking blocks by most {greedy_by} first gives, and a greedy order can miss the "
+                "optimum: minimise Σ FLOPs of the recomputed blocks subject to bytes ≤ budget, a 0/1 knapsack "
+                "— compare every subset of the blocks")
     if apart and cost == min(apart):
         return ("that is the cheapest plan with one checkpoint per block; consecutive blocks under one "
                 "checkpoint hold only the first one's input, and such a plan fits for fewer FLOPs here")

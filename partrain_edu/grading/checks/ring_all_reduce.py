@@ -185,16 +185,21 @@ def ring_diagnosis(expected: torch.Tensor, got, given: dict[int, torch.Tensor], 
         return ".", False
     members = tuple(given) if members is None else members
     got, expected = got.double().reshape(-1), expected.double().reshape(-1)
-    wrong = next((i for i in range(got.numel()) if abs(got[i] - expected[i]) > 1e-4), None)
-    if wrong is None:
+    wrongs = [i for i in range(got.numel()) if abs(got[i] - expected[i]) > 1e-4]
+    if not wrongs:
         return ".", False
+    wrong = wrongs[0]
     value, want = float(got[wrong]), float(expected[wrong])
-    scale = ratio_of(given[me].double().reshape(-1), got)
+    decoded = decode_ring_sum(value, given)
+    # Every wrong element a sum of the ranks' inputs: that story holds everywhere (a ring only adds and moves).
+    # Otherwise a tensor that is k × this rank's input is told as scaled, though an element may decode by chance;
+    # one element is a multiple of anything, so only a longer tensor shows it.
+    summed = all(decode_ring_sum(float(got[i]), given) is not None for i in wrongs)
+    scale = ratio_of(given[me].double().reshape(-1), got) if not summed and got.numel() > 1 else None
     if scale is not None and abs(scale - 1) > 1e-3:
         return (f". Element {wrong} holds {value:g}, which is no sum of the ranks' inputs (expected {want:g}): every "
                 f"element is {scale:g}× this rank's own input — each element must be added to the other ranks' "
                 "values, not scaled.", True)
-    decoded = decode_ring_sum(value, given)
     if decoded is None:
         return (f". Element {wrong} holds {value:g}, which is no sum of the ranks' inputs (expected {want:g}): a "
                 "ring only adds received chunks and copies them, so something else changed this value.", False)

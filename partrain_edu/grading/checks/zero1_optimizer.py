@@ -240,8 +240,9 @@ def param_hint(got, want, before, default, s: Setup) -> str:
     if not isinstance(got, torch.Tensor) or got.shape != want.shape:
         return ""
     if differ("", before, got) is None:
-        return (". They are what they were before the step: update `param` in place on every rank (e.g. copy the "
-                "gathered parameters into it) — the check keeps the tensor it gave you.")
+        return (". They are what they were before the step: either `param` was not updated in place on every rank "
+                "(copy the gathered parameters into it — the check keeps the tensor it gave you), or the step used "
+                "the momentum from before this step (m ← β·m + ḡ first, then param ← param − lr·m)")
     if differ("", default, got) is None:
         return f". That is lr = {DEFAULT_LR:g}, the default: step with the `lr` you are given."
     n, shard = len(s.members), s.numel // len(s.members)

@@ -52,7 +52,8 @@ def _update_hint(want: torch.Tensor, got: torch.Tensor, alone: torch.Tensor, las
     if n > 1 and r is not None and abs(r - n) < 1e-2:
         return f" It moved {r:.3g}× too far: the reduce-scatter sums the ranks' gradients; divide by n = {n}."
     if n > 1 and r is not None and abs(r - 1 / n) < 1e-3:
-        return f" It moved 1/{n} as far: the gradient was averaged twice."
+        also = f", or divided by the world's {NPROC} ranks instead of the group's {n}" if NPROC == n * n else ""
+        return f" It moved 1/{n} as far: the gradient was averaged twice{also}."
     if n > 1 and r is not None and abs(n / r - round(n / r)) < 1e-3 * n / r:
         return f" It moved {r:.3g}× as far: the summed gradient was divided by {round(n / r)}, not by n = {n}."
     if n > 1 and _near(alone, got):
