@@ -74,8 +74,9 @@ refresh: install
 
 # Three workers on two cores: the tests wait a good part of their time (emulated devices keep wall-clock rhythm,
 # failure tests wait for timeouts), and a third file's work fills it. A test's verdict never depends on load.
+# The lint (ruff, configured in pyproject.toml; notebooks are not linted) comes first: a finding fails the target.
 test: install browser
-	$(BIN)/python -m pytest tests notebooks $(NBVAL) -n 3 --dist loadfile --durations=25
+	$(BIN)/ruff check partrain_edu tests && $(BIN)/python -m pytest tests notebooks $(NBVAL) -n 3 --dist loadfile --durations=25
 
 # The browser test drives Debian's Chromium (Playwright's own browser download is not used), and the notebooks'
 # Chinese terms need a CJK font there (fonts-noto-cjk; without one each character is an empty box). Each is

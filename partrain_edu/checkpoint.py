@@ -72,7 +72,7 @@ def _state_dict(strategy) -> dict[str, torch.Tensor]:
     mesh = DeviceMesh.from_group(group, flats[0].data.device.type)
     out = {}
     for i, flat in enumerate(flats):
-        def dt(t):
+        def dt(t, flat=flat):
             return DTensor.from_local(_local(flat, t), mesh, [Shard(0)], run_check=False,
                                       shape=torch.Size([flat.numel]), stride=(1,))
         pieces = [state.get(piece, {}) for piece in flat.pieces]
@@ -94,7 +94,7 @@ def _restore_optimizer(strategy, loaded: dict[str, torch.Tensor]) -> None:
     flats, state = _sharded(strategy)
     for i, flat in enumerate(flats):
         steps = loaded[f"optim.{i}.step"]
-        for j, (piece, (x, y)) in enumerate(zip(flat.pieces, flat.bounds)):
+        for j, (piece, (x, y)) in enumerate(zip(flat.pieces, flat.bounds, strict=True)):
             if steps[j] < 0:
                 state.pop(piece, None)
                 continue

@@ -72,7 +72,7 @@ def split_microbatches(x: torch.Tensor, y: torch.Tensor, microbatches: int):
     if microbatches <= 0 or x.size(0) % microbatches:
         raise ValueError(f"a batch of {x.size(0)} cannot be cut into {microbatches} equal micro-batches; "
                          "choose a micro-batch count that divides the per-rank batch")
-    return list(zip(x.chunk(microbatches), y.chunk(microbatches)))
+    return list(zip(x.chunk(microbatches), y.chunk(microbatches), strict=True))
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ Defaults train in seconds on a laptop CPU:  python -c "from partrain_edu.models 
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -124,7 +125,7 @@ class TinyMLP(nn.Module):
             raise ValueError(f"sizes must list at least two positive widths, got {sizes}")
         layers: list[nn.Module] = []
         with torch.random.fork_rng(devices=[]):  # as in TinyGPT: the global RNG stays untouched
-            for i, (d_in, d_out) in enumerate(zip(sizes, sizes[1:])):
+            for i, (d_in, d_out) in enumerate(itertools.pairwise(sizes)):
                 layers.append(nn.Linear(d_in, d_out))
                 if i < len(sizes) - 2:
                     layers.append(nn.GELU())

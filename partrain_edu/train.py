@@ -33,7 +33,8 @@ from partrain_edu.config import TrainConfig, add_train_arguments, config_from_ar
 from partrain_edu.data import SyntheticTokens
 from partrain_edu.progress import StepProgress
 from partrain_edu.strategies import Strategy, get_strategy, tensor_bytes
-from partrain_edu.strategies.emulation import check as check_emulation, emulate, mfu
+from partrain_edu.strategies.emulation import check as check_emulation
+from partrain_edu.strategies.emulation import emulate, mfu
 
 
 def run(ctx: runtime.ParallelContext, cfg: TrainConfig, on_step: Callable[[int, float], None] | None = None,
@@ -187,7 +188,7 @@ def _rank_main() -> None:
         ctx = runtime.init(device=cfg.device)  # a fresh group, emulated clock and seed: as if launched alone
         runtime.seed_everything(cfg.seed)
 
-        def progress(step: int, loss: float) -> None:
+        def progress(step: int, loss: float, done: int = done) -> None:
             if args.progress:
                 runtime.print0(f"{PROGRESS_TAG} {done + step + 1} {total} {loss:.6f}")
 

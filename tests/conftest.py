@@ -1,4 +1,5 @@
-"""Shared test helpers. Multi-process tests go through `partrain_edu.launcher.oneshot.torchrun` (free ports, no leftovers)."""
+"""Shared test helpers. Multi-process tests go through `partrain_edu.launcher.oneshot.torchrun` (free ports, no
+leftovers)."""
 import os
 from pathlib import Path
 

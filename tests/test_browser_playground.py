@@ -230,14 +230,16 @@ def test_playground_widgets_render_and_respond_in_chromium(lab):
             # the notebook is open and its kernel is idle
             page.wait_for_function(
                 """() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
-                           const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+                           const k = w && w.sessionContext && w.sessionContext.session
+                                     && w.sessionContext.session.kernel;
                            return k && k.status === 'idle'; }""", timeout=START_S * 1000, polling=500)
             page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
             # every code cell has run (an execution count and no "*") and the kernel is idle again
             page.wait_for_function(
                 """() => { const w = window.jupyterapp.shell.currentWidget;
                            const cells = w.content.widgets.filter(c => c.model.type === 'code');
-                           const prompts = Array.from(w.node.querySelectorAll('.jp-InputPrompt')).map(p => p.textContent);
+                           const prompts = Array.from(w.node.querySelectorAll('.jp-InputPrompt'))
+                                                .map(p => p.textContent);
                            return w.sessionContext.session.kernel.status === 'idle'
                                && cells.every(c => c.model.executionCount !== null)
                                && !prompts.some(t => t.includes('*')); }""", timeout=RUN_ALL_S * 1000, polling=1000)
@@ -292,7 +294,8 @@ def test_playground_widgets_render_and_respond_in_chromium(lab):
             memory.screenshot(path=str(ARTIFACTS / "memory_widget_zero3_dp64.png"))
 
             # the fifth widget (communication/compute per axis) is checked rendered above; its redraw is
-            # tests/test_viz_efficiency.py's: clicking it here timed out (90 s) in one of three CI runs beside other tests
+            # tests/test_viz_efficiency.py's: clicking it here timed out (90 s) in one of three CI runs beside other
+            # tests
             page.screenshot(path=str(ARTIFACTS / "playground_page.png"))
         finally:
             browser.close()

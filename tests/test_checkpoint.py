@@ -94,7 +94,7 @@ def _run(root, nproc, mode, save_at, crash=False):
 
 
 def _rel(a, b):
-    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b, strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +188,8 @@ def test_a_crafted_metadata_naming_a_function_through_a_dotted_name_runs_nothing
     (tmp_path / "LATEST").write_text("step-1")
     ctx = runtime.init()
     try:
-        with pytest.raises(pickle.UnpicklingError, match="refusing to load torch.distributed.checkpoint.filesystem.os.system"):
+        with pytest.raises(pickle.UnpicklingError,
+                           match="refusing to load torch.distributed.checkpoint.filesystem.os.system"):
             checkpoint.load(Zero3(ctx, TrainConfig(strategy="zero3")), tmp_path)
     finally:
         runtime.shutdown()

@@ -11,11 +11,8 @@ import uuid
 import pytest
 
 from conftest import processes_with
-
-from partrain_edu.launcher import cgroup
-from partrain_edu.launcher import torchrun
+from partrain_edu.launcher import cgroup, torchrun
 from partrain_edu.launcher.warm.pool import Pool
-
 
 
 def cgroups_here() -> bool:

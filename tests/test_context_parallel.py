@@ -59,11 +59,13 @@ for causal in (False, True):
                 (o * sharding.shard(w, me, 2)).sum().backward()
         expected = [reference] + [t.grad for t in full]
         out["errors"][causal, zigzag] = max((got - sharding.shard(want, me, 2)).abs().max().item() /
-                                            want.abs().max().item() for got, want in zip([o] + [t.grad for t in mine], expected))
+                                            want.abs().max().item()
+                                            for got, want in zip([o] + [t.grad for t in mine], expected))
         out["work"][causal, zigzag] = sum(row["scores"] for row in log if row["pass"] == "forward")
         out["bytes"][causal, zigzag] = {p: (sum(row["sent"] for row in log if row["pass"] == p),
                                             sum(r.sent for r in tracer.records if r.label == p and r.op == "isend"),
-                                            sorted({r.peer for r in tracer.records if r.label == p and r.op == "isend"}))
+                                            sorted({r.peer for r in tracer.records
+                                                    if r.label == p and r.op == "isend"}))
                                         for p in ("forward", "backward")}
 
 # memory: what autograd keeps for backward, ring vs full attention (saved-tensor hooks)
@@ -118,7 +120,8 @@ def single():
 def ranks(tmp_path_factory):
     script = tmp_path_factory.mktemp("cp") / "cp_checks.py"
     script.write_text(RANK_SCRIPT)
-    return torchrun(str(script), nproc=N, args=(str(Path(__file__).parent), str(STEPS)), echo=None, timeout=240).published["results"]
+    return torchrun(str(script), nproc=N, args=(str(Path(__file__).parent), str(STEPS)), echo=None,
+                    timeout=240).published["results"]
 
 
 def test_ring_attention_equals_full_attention_output_and_gradients(ranks):
@@ -162,10 +165,12 @@ def test_each_rank_keeps_one_nth_of_the_attention_activations(ranks):
 
 def test_the_strategy_reports_the_ring_bytes_of_a_step(ranks, single):
     cfg = GPTConfig()
-    per_layer = cp_bytes_per_layer(seq=cfg.seq_len, micro_batch=16 // 2, hidden=cfg.n_embd, cp=N, bytes_per_element=FP32)
+    per_layer = cp_bytes_per_layer(seq=cfg.seq_len, micro_batch=16 // 2, hidden=cfg.n_embd, cp=N,
+                                   bytes_per_element=FP32)
     for rank in ranks:                     # trained with 2 micro-batches: single's losses all the same
         facts = rank["train"]["context_parallel"]
-        assert facts["kv_bytes_sent_per_step"] == {p: 2 * cfg.n_layer * per_layer[p] for p in per_layer}   # 2 micro-batches
+        # 2 micro-batches
+        assert facts["kv_bytes_sent_per_step"] == {p: 2 * cfg.n_layer * per_layer[p] for p in per_layer}
         assert (facts["cp"], facts["zigzag"], facts["positions_per_rank"]) == (N, True, cfg.seq_len // N)
         assert rank["train"]["losses"] == pytest.approx(single["losses"], rel=1e-5, abs=1e-5)
 

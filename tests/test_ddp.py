@@ -12,14 +12,14 @@ import torch
 import torch.nn as nn
 
 from partrain_edu import runtime
+from partrain_edu.config import TrainConfig
 from partrain_edu.data import SyntheticTokens
 from partrain_edu.launcher import torchrun
 from partrain_edu.models import TinyGPT, TinyMLP
 from partrain_edu.parallel.buckets import GradBucketHooks, plan_buckets
-from partrain_edu.theory.traffic import step_traffic
-from partrain_edu.config import TrainConfig
 from partrain_edu.strategies import tensor_bytes
 from partrain_edu.strategies.single import Single
+from partrain_edu.theory.traffic import step_traffic
 from partrain_edu.train import launch
 
 STEPS = 3
@@ -130,7 +130,8 @@ with torch.no_grad():
 ddp = DistributedDataParallel(model)
 sums = [None] * n
 dist.all_gather_object(sums, float(sum(p.double().sum() for p in model.parameters())))
-out["broadcast"] = len(set(sums)) == 1 and abs(sums[0] - float(sum(p.double().sum() for p in TinyGPT().parameters()))) < 1e-9
+out["broadcast"] = (len(set(sums)) == 1
+                    and abs(sums[0] - float(sum(p.double().sum() for p in TinyGPT().parameters()))) < 1e-9)
 
 # no_sync: nothing is sent and gradients differ across ranks; the next synced backward makes them equal.
 x, y = data.global_batch(0, 2 * n)

@@ -104,7 +104,8 @@ def test_a_section_without_code_is_marked_prose():
             sections[path] = notebook_sections(path)
         if sections.get(path, {}).get(match["heading"]) is False and not match["prose"]:
             unmarked.append(f"{cid}: {path.name} › {match['heading']}")
-    assert not unmarked, f"these sections hold no code cell, so they show the claim in prose: mark them (prose): {unmarked}"
+    assert not unmarked, ("these sections hold no code cell, so they show the claim in prose: mark them (prose): "
+                          f"{unmarked}")
 
 
 def test_the_intro_counts_the_claims_shown_by_prose_alone():

@@ -12,16 +12,15 @@ from pathlib import Path
 import pytest
 
 from partrain_edu import emulated
-from partrain_edu.launcher import torchrun
 from partrain_edu.config import TrainConfig
+from partrain_edu.launcher import torchrun
 from partrain_edu.theory.calibration import terms
 from partrain_edu.theory.hardware import DEVICES, GPT_1_3B, device_named, layer_forward_flops, layer_seconds
 from partrain_edu.theory.layout import Layout
 from partrain_edu.theory.model_spec import MODELS
 from partrain_edu.theory.network import group_link
 from partrain_edu.theory.step_time import layer_forward_seconds, layer_times, link_cost
-from partrain_edu.theory.traffic import (bucketed_backward_end, collective_time, fit_alpha_beta, link_time,
-                                         ring_steps)
+from partrain_edu.theory.traffic import bucketed_backward_end, collective_time, fit_alpha_beta, link_time, ring_steps
 from partrain_edu.train import launch
 
 RANKS = Path(__file__).parent / "ranks" / "emulated.py"
@@ -135,7 +134,7 @@ def test_a_torchrun_cell_picks_its_device_from_the_magic_line():
 
 # -- tp, cp and fsdp-tp: GPT-3 XL's seconds from the calibrated model (global batch 16, one micro-batch) --------
 XL, A100 = MODELS["gpt-1.3b"], "a100-80gb"
-NVLINK = dict(zip(("alpha", "beta"), link_cost(A100, inside_node=True)))
+NVLINK = dict(zip(("alpha", "beta"), link_cost(A100, inside_node=True), strict=True))
 
 
 def emulated_step(strategy: str, nproc: int, **sizes) -> float:

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from exercise_sources import solution_source, variant
-
 from partrain_edu.grading import run_check
 from partrain_edu.grading.checks import activation_checkpointing as ac
 from partrain_edu.grading.checks import activation_plans as plans

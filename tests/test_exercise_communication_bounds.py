@@ -16,7 +16,6 @@ from fractions import Fraction
 import pytest
 
 from exercise_sources import solution_source, variant
-
 from partrain_edu.grading import run_check
 from partrain_edu.grading.checks import communication_bounds as cb
 from partrain_edu.grading.givens.communication_bounds import BANDWIDTH, MODEL_7_5B, PEAK_FLOPS

@@ -8,7 +8,6 @@ Each grading is one torchrun launch on 3 ranks (seeds fixed, so the drawn config
 import re
 
 from exercise_sources import solution_source, variant
-
 from partrain_edu.grading import run_check
 
 SOLUTION = solution_source("02_ddp_buckets", "register_bucket_hooks")

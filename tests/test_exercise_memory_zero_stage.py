@@ -6,7 +6,6 @@ messages of a few runs handed out fails the next run."""
 import re
 
 from exercise_sources import solution_source
-
 from partrain_edu.grading import run_check
 from partrain_edu.grading.checks.memory_zero_stage import reference_stage, reference_total, stage_cases, state_cases
 

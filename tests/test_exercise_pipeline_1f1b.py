@@ -6,8 +6,8 @@ evidence is; and a table of schedules for the (p, m) a few runs' messages named 
 import re
 
 import pytest
-from exercise_sources import solution_source
 
+from exercise_sources import solution_source
 from partrain_edu.grading import run_check
 from partrain_edu.grading.checks.pipeline_1f1b import CASES, MOST_STAGES, cases
 from partrain_edu.theory.schedules import build_schedule, simulate

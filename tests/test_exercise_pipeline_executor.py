@@ -11,9 +11,8 @@ import json
 import re
 
 from exercise_sources import solution_source, variant
-
-from partrain_edu.grading import run_check
 from partrain_edu.grading import observations as obs
+from partrain_edu.grading import run_check
 from partrain_edu.grading.checks import pipeline_executor as pe
 from partrain_edu.grading.observations import Reader, tensor
 from partrain_edu.grading.registry import CHECKS

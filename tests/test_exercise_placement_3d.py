@@ -8,7 +8,6 @@ import json
 import re
 
 from exercise_sources import solution_source, variant
-
 from partrain_edu.grading import run_check
 from partrain_edu.grading.checks.placement_3d import DIMS, ORDERS, expected_groups, grids, inside_node, node_jobs
 from partrain_edu.grading.checks.placement_3d_reference import MISREADINGS, _groups
@@ -59,7 +58,7 @@ def test_every_run_tells_the_orders_apart():
         assert all({t[d] for t in truth} == {True, False} for d in DIMS)   # each dimension inside and crossing
         assert {job[4] for job in jobs} >= {"tp-dp-pp", "tp-pp-dp"}
         for fixed in ORDERS:   # an answer for one order only fails some job
-            assert any(inside_node(*job[:4], fixed) != t for job, t in zip(jobs, truth))
+            assert any(inside_node(*job[:4], fixed) != t for job, t in zip(jobs, truth, strict=True))
         drawn = grids(seed)
         assert len({g[:3] for g in drawn}) == 3
         for misread in MISREADINGS:

@@ -13,7 +13,6 @@ import re
 import pytest
 
 from exercise_sources import solution_source, variant
-
 from partrain_edu.grading import run_check
 from partrain_edu.grading.checks.ring_all_reduce import RANKS, inputs, rounds
 from partrain_edu.grading.learner_code import Source

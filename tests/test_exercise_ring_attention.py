@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 
 from exercise_sources import solution_source, variant
-
 from partrain_edu.grading import run_check
 from partrain_edu.grading.checks import ring_attention as ra
 from partrain_edu.grading.learner_code import Source
@@ -147,7 +146,7 @@ def observations(seed: int, causal_output=None, spoil=None) -> str:
             g = cfg.members.index(rank)
             mine, ahead, behind = cfg.block(g), cfg.members[(g + 1) % size], cfg.members[(g - 1) % size]
 
-            def ring(to, heard):
+            def ring(to, heard, size=size, block=block):
                 calls = 2 * (size - 1)
                 return {"ops": {"isend": calls, "irecv": calls}, "sent": calls * block,
                         "bytes": {"isend": calls * block, "irecv": calls * block},

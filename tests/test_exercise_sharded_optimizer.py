@@ -10,7 +10,6 @@ import ast
 import re
 
 from exercise_sources import solution_source, variant
-
 from partrain_edu.grading import run_check
 
 SOLUTION = solution_source("09_sharded_optimizer", "make_sharded_optimizer")

@@ -7,8 +7,8 @@ messages print, keyed by function and shape, fails on the next seed. Each case i
 import re
 
 import pytest
-from exercise_sources import solution_source, variant
 
+from exercise_sources import solution_source, variant
 from partrain_edu.grading import run_check
 from partrain_edu.grading.learner_code import Source
 

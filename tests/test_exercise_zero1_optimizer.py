@@ -13,7 +13,6 @@ import re
 import pytest
 
 from exercise_sources import solution_source, variant
-
 from partrain_edu.grading import run_check
 from partrain_edu.grading.checks.zero1_optimizer import RANKS, rounds, setup_of, trajectory
 from partrain_edu.grading.learner_code import Source

@@ -11,8 +11,8 @@ import re
 
 import pytest
 import torch
-from exercise_sources import solution_source, variant
 
+from exercise_sources import solution_source, variant
 from partrain_edu.grading import run_check
 from partrain_edu.grading.checks.zero3_unit.observe import WORLD, runs
 

@@ -70,7 +70,7 @@ def test_a_weight_read_outside_forward_names_state_dict(world_of_one):
     model = um.build("branch")
     fsdp = FullyShardedDataParallel(model, units=[model.rare])
     with pytest.raises(AttributeError, match=r"common\.weight is sharded .* fsdp\.state_dict\(\)"):
-        model.common.weight.shape
+        _ = model.common.weight.shape
     with pytest.raises(RuntimeError, match=r"common\.weight is sharded .*summon_full_params"):
         model.common(torch.zeros(1, um.IN))              # a root's layer called outside the wrapper's forward
     with fsdp.summon_full_params():

@@ -116,7 +116,8 @@ def test_bad_layouts_name_the_fix():
 @pytest.mark.parametrize("name", ["fsdp-tp", "torch-fsdp-tp"])
 def test_2x2_reproduces_single_in_fp32(two_d, single, name):
     losses = two_d["runs"][name]["losses"]
-    assert len(losses) == STEPS and max(abs(a - b) / b for a, b in zip(losses, single)) < 1e-5, (losses, single)
+    assert len(losses) == STEPS, (losses, single)
+    assert max(abs(a - b) / b for a, b in zip(losses, single, strict=True)) < 1e-5, (losses, single)
 
 
 def test_each_rank_holds_a_quarter_of_the_split_matrices(two_d):

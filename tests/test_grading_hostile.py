@@ -4,8 +4,8 @@ loop, `os._exit`, five kinds of corrupt file — is graded row by row, only the 
 package and the other submissions are untouched, every notebook ends within its limit and nothing is left
 running. A ring all-reduce whose body forges the ranks' report (a clean verdict, clean-looking or huge
 observations, then os._exit) fails: the grader verifies observations against values it computes itself, and
-malformed ones (ill-typed, strings for numbers, nested, huge) fail in one line. Also: the CLI refuses a bad --timeout or --csv before grading, and the
-unsandboxed fallback says so."""
+malformed ones (ill-typed, strings for numbers, nested, huge) fail in one line. Also: the CLI refuses a bad
+--timeout or --csv before grading, and the unsandboxed fallback says so."""
 import copy
 import csv
 import hashlib
@@ -23,7 +23,6 @@ import nbformat
 import pytest
 
 from conftest import processes_with
-
 from partrain_edu.cli import main
 from partrain_edu.grading.checks.ring_all_reduce import RANKS, inputs, rounds
 from partrain_edu.grading.headless.cli import seconds

@@ -11,9 +11,9 @@ import pytest
 
 from partrain_edu.config import TrainConfig
 from partrain_edu.launcher import torchrun
+from partrain_edu.strategies import get_strategy
 from partrain_edu.theory import grid
 from partrain_edu.theory.traffic import ring_bytes_sent
-from partrain_edu.strategies import get_strategy
 from partrain_edu.train import launch
 
 STEPS, M, GLOBAL_BATCH = 4, 2, 16
@@ -58,7 +58,7 @@ runtime.shutdown()
 
 
 def _launch(nproc, layouts, strategies):
-    args = (str(STEPS), str(M), ",".join("x".join(map(str, l)) for l in layouts), ",".join(strategies))
+    args = (str(STEPS), str(M), ",".join("x".join(map(str, layout)) for layout in layouts), ",".join(strategies))
     return torchrun(RANK_SCRIPT, nproc=nproc, args=args, timeout=300).published["hybrid"]
 
 
@@ -78,7 +78,7 @@ def four():
 
 
 def _close(losses, reference):
-    return max(abs(a - b) / b for a, b in zip(losses, reference)) < 1e-5
+    return max(abs(a - b) / b for a, b in zip(losses, reference, strict=True)) < 1e-5
 
 
 @pytest.mark.parametrize("sizes", [dict(dp=3, tp=2, pp=2), dict(dp=1, tp=2, pp=2)])

@@ -13,10 +13,16 @@ import time
 
 import pytest
 
+from partrain_edu.launcher import (
+    TorchrunError,
+    TorchrunInterrupted,
+    call_records,
+    call_with_timeout,
+    processes,
+    torchrun,
+)
 from partrain_edu.launcher.diagnose import findings
-from partrain_edu.launcher import call_records, processes
 from partrain_edu.launcher.diagnose.oneshot import explain_mismatch, failure
-from partrain_edu.launcher import TorchrunError, TorchrunInterrupted, call_with_timeout, torchrun
 from partrain_edu.launcher.output import Run
 from partrain_edu.notebook.magics import MagicUsageError, parse_magic_line, run_cell_magic
 from test_launch import leftovers, new_marker
@@ -214,7 +220,8 @@ def test_comm_tracer_counts_the_same_bytes_on_top_of_the_call_records():
         from partrain_edu.launcher import call_records
         from partrain_edu.comm import CommTracer
         from partrain_edu.runtime import PUBLISH_DIR_ENV
-        recorded = dist.all_reduce.__code__.co_filename == call_records.__file__ and dist.isend is dist.distributed_c10d.isend
+        recorded = (dist.all_reduce.__code__.co_filename == call_records.__file__
+                    and dist.isend is dist.distributed_c10d.isend)
         signature_kept = inspect.signature(dist.all_reduce) == inspect.signature(inspect.unwrap(dist.all_reduce))
         peer = 1 - ctx.rank
         early = [dist.P2POp(dist.isend, torch.ones(8), peer), dist.P2POp(dist.irecv, torch.empty(8), peer)]

@@ -104,7 +104,8 @@ def test_no_module_of_the_package_root_hides_behind_an_underscore():
 
 
 def test_no_file_of_the_package_is_over_300_lines():
-    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 300}
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 300}
     assert long == {}
 
 

@@ -29,7 +29,8 @@ def test_every_setup_clips_by_the_true_norm_on_every_rank(results):
     assert round(results["ref_norms"][0], 4) == 0.6016
     for case, ranks in results["table"].items():
         for res in ranks:
-            assert all(abs(a - b) < 1e-6 for a, b in zip(res["norms"], results["ref_norms"])), (case, res["norms"])
+            assert all(abs(a - b) < 1e-6 for a, b in zip(res["norms"], results["ref_norms"], strict=True)), \
+                (case, res["norms"])
 
 
 def test_three_clipped_adamw_steps_equal_one_process(results):
@@ -81,4 +82,5 @@ def test_a_norm_of_any_partial_gradient_names_the_fix(world_of_one):
     grads = [plain(p.grad).clone() for p in fsdp.parameters()]
     total = fsdp.clip_grad_norm_(0.01)
     assert float(total) == pytest.approx(float(torch.linalg.vector_norm(torch.cat(grads))), rel=1e-6)
-    assert all(torch.allclose(plain(p.grad), g * 0.01 / (total + 1e-6)) for p, g in zip(fsdp.parameters(), grads))
+    assert all(torch.allclose(plain(p.grad), g * 0.01 / (total + 1e-6))
+               for p, g in zip(fsdp.parameters(), grads, strict=True))

@@ -13,7 +13,7 @@ def test_init_is_deterministic_and_leaves_the_global_rng_alone():
     torch.manual_seed(123)
     a, b, c = TinyGPT(init_seed=0), TinyGPT(init_seed=0), TinyGPT(init_seed=1)
     assert torch.rand(1).item() == before.item()
-    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters()):
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
         assert torch.equal(pa, pb), name
     assert not torch.equal(a.blocks[0].attn.q.weight, c.blocks[0].attn.q.weight)
 

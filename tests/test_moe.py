@@ -67,7 +67,8 @@ def compare(layer, reference, x_all, group, dp, tracer):
             "expert_grad": relative_gap([grad(p) for p in layer.experts.parameters()], ref_experts),
             "aux": (aux.item(), aux_ref[me]), "dropped": (layer.last.dropped, dropped_ref[me]),
             "load": layer.last.load.tolist(), "capacity": layer.last.capacity, "f_P": (
-                (layer.last.load / layer.last.load.sum()).tolist(), torch.softmax(layer.router(x), -1).mean(0).tolist()),
+                (layer.last.load / layer.last.load.sum()).tolist(),
+                torch.softmax(layer.router(x), -1).mean(0).tolist()),
             "ops": [(r.op, r.sent, r.group_size) for r in tracer.records],
             "sent": layer.last_sent, "received": layer.last_received, "expert_rows": layer.last_expert_rows,
             "group_rank": dist.get_rank(group),
@@ -80,7 +81,8 @@ reference = MoE(H, E, k=1, init_seed=3)
 results["ep"] = compare(ExpertParallelMoE(reference), reference, x_all, None, None, CommTracer())
 # 2 expert-parallel groups × 2 data-parallel replicas, top-2, capacity factor 1: tokens are dropped
 reference = MoE(H, E, k=2, init_seed=3, capacity_factor=1.0, aux_weight=1.0)
-results["ep_dp"] = compare(ExpertParallelMoE(reference, group=ep_group), reference, x_all, ep_group, dp_group, CommTracer())
+results["ep_dp"] = compare(ExpertParallelMoE(reference, group=ep_group), reference, x_all, ep_group, dp_group,
+                           CommTracer())
 # a skewed router: every rank prefers expert 0 (on rank 0); dropless, then capacity factor 1.25
 for name, cf in (("skew", None), ("skew_capped", 1.25)):
     reference = MoE(H, E, k=1, init_seed=3, capacity_factor=cf)
@@ -168,7 +170,7 @@ def test_single_process_moe_routes_to_top_k():
     gates = torch.softmax(layer.router(x), dim=-1)
     for i in range(5):
         top = gates[i].topk(2)
-        for w, e in zip(top.values / top.values.sum(), top.indices):
+        for w, e in zip(top.values / top.values.sum(), top.indices, strict=True):
             by_hand[i] += w * layer.experts[int(e)](x[i:i + 1])[0]
     assert torch.allclose(layer(x), by_hand, atol=1e-6)
 

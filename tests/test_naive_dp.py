@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from partrain_edu import runtime
-from partrain_edu.data import SyntheticTokens
 from partrain_edu.config import TrainConfig
+from partrain_edu.data import SyntheticTokens
 from partrain_edu.strategies import tensor_bytes
 from partrain_edu.strategies.naive_dp import NaiveDataParallel, device0_bytes, in_threads
 from partrain_edu.strategies.single import Single

@@ -10,10 +10,10 @@ import pytest
 from partrain_edu.config import TrainConfig
 from partrain_edu.launcher import TorchrunError, torchrun
 from partrain_edu.models import GPTConfig, TinyGPT
-from partrain_edu.theory.schedules import build_schedule, simulate
-from partrain_edu.theory.traffic import step_traffic
 from partrain_edu.strategies import get_strategy
 from partrain_edu.strategies.pipeline import split_tinygpt
+from partrain_edu.theory.schedules import build_schedule, simulate
+from partrain_edu.theory.traffic import step_traffic
 from partrain_edu.train import launch
 from partrain_edu.viz.pipeline import inflight_curves, pipeline_figure
 
@@ -60,7 +60,7 @@ def pipeline_run(request):
 def test_losses_equal_single(pipeline_run):
     p, m, out, single = pipeline_run
     for name, got in out.items():
-        worst = max(abs(a - b) / b for a, b in zip(got["losses"], single))
+        worst = max(abs(a - b) / b for a, b in zip(got["losses"], single, strict=True))
         print(f"p={p} m={m} {name}: worst relative loss gap to single {worst:.2e}")
         assert worst < 1e-5, (name, got["losses"], single)
 

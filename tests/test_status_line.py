@@ -8,12 +8,12 @@ import time
 
 import pytest
 
+from partrain_edu.grading import CHECKS, run_check
+from partrain_edu.launcher import status_line
+from partrain_edu.launcher.status_line import RankStatus, StatusLine
 from partrain_edu.notebook import live_output
 from partrain_edu.notebook import magics as notebook
-from partrain_edu.launcher import status_line
-from partrain_edu.grading import CHECKS, run_check
 from partrain_edu.notebook.magics import run_cell_magic
-from partrain_edu.launcher.status_line import RankStatus, StatusLine
 from test_grading_ranks import ring_receive_first  # every rank receives before it sends: a deadlock
 
 

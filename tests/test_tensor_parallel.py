@@ -13,10 +13,10 @@ from partrain_edu.config import TrainConfig
 from partrain_edu.launcher import torchrun
 from partrain_edu.models import GPTConfig, TinyGPT
 from partrain_edu.parallel.tensor import check_plan
+from partrain_edu.strategies import get_strategy
 from partrain_edu.strategies.tensor import TP_PLAN, check_divisible
 from partrain_edu.theory.memory import activation_bytes_per_layer
 from partrain_edu.theory.traffic import ring_bytes_sent, step_traffic
-from partrain_edu.strategies import get_strategy
 from partrain_edu.train import launch
 
 FP32, STEPS = 4, 8

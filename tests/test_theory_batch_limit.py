@@ -2,8 +2,14 @@
 across whole nodes it needs about 2,500 tokens per GPU whatever tp (the Scaling Book's GPU chapter)."""
 import pytest
 
-from partrain_edu.theory.batch_limit import (critical_tokens, fsdp_intensity, fsdp_tokens_per_gpu, hardware_intensity,
-                                             max_dp_for_batch, min_tp_for_batch)
+from partrain_edu.theory.batch_limit import (
+    critical_tokens,
+    fsdp_intensity,
+    fsdp_tokens_per_gpu,
+    hardware_intensity,
+    max_dp_for_batch,
+    min_tp_for_batch,
+)
 from partrain_edu.theory.hardware import DEVICES
 from partrain_edu.theory.network import group_link
 from partrain_edu.theory.planner import plan

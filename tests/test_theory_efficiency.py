@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from partrain_edu.theory.efficiency import (AXES, arithmetic_intensity, attainable_flops, axis_cost, flops_per_token,
-                                            kaplan_flops_per_token, matmul_bytes, matmul_flops, ridge_point,
-                                            roofline_seconds, utilization)
+from partrain_edu.theory.efficiency import (
+    AXES,
+    arithmetic_intensity,
+    attainable_flops,
+    axis_cost,
+    flops_per_token,
+    kaplan_flops_per_token,
+    matmul_bytes,
+    matmul_flops,
+    ridge_point,
+    roofline_seconds,
+    utilization,
+)
 from partrain_edu.theory.hardware import DEVICES, GPT_1_3B, ModelShape
 from partrain_edu.theory.memory import gpt_param_count
 from partrain_edu.theory.traffic import step_traffic
@@ -47,9 +57,9 @@ def test_flop_counter_counts_the_formula_on_tinygpt_with_and_without_recompute()
 
 def test_six_psi_misses_attention_and_counts_parameters_that_are_no_matmul():
     params = gpt_param_count(GPT_1_3B.layers, GPT_1_3B.hidden, 50257, GPT_1_3B.seq)
-    l, h, s = GPT_1_3B.layers, GPT_1_3B.hidden, GPT_1_3B.seq
-    no_matmul = 13 * l * h + s * h + 2 * h          # biases, LayerNorms, positions (the tied embedding is the head)
-    assert flops_per_token(GPT_1_3B, 50257) - kaplan_flops_per_token(params) == 12 * l * s * h - 6 * no_matmul
+    L, h, s = GPT_1_3B.layers, GPT_1_3B.hidden, GPT_1_3B.seq
+    no_matmul = 13 * L * h + s * h + 2 * h          # biases, LayerNorms, positions (the tied embedding is the head)
+    assert flops_per_token(GPT_1_3B, 50257) - kaplan_flops_per_token(params) == 12 * L * s * h - 6 * no_matmul
     assert kaplan_flops_per_token(params, recompute=True) / kaplan_flops_per_token(params) == pytest.approx(4 / 3)
     # the head is not recomputed, so the 4th pass adds a little less than a third
     full, none = flops_per_token(GPT_1_3B, 50257, "full"), flops_per_token(GPT_1_3B, 50257)

@@ -2,8 +2,15 @@
 import pytest
 
 from partrain_edu.theory.calibration import FITTED, MAMF, terms
-from partrain_edu.theory.calibration_fit import (cross_validate, fit, fitting_rows, in_sample, mean_abs, on_bound,
-                                                source_of)
+from partrain_edu.theory.calibration_fit import (
+    cross_validate,
+    fit,
+    fitting_rows,
+    in_sample,
+    mean_abs,
+    on_bound,
+    source_of,
+)
 from partrain_edu.theory.estimate import estimate
 from partrain_edu.theory.layout import Layout, stage_layers
 from partrain_edu.theory.layout_memory import TIGHT, fullest_stage
@@ -115,10 +122,10 @@ def test_shapes_count_what_their_papers_say():
 
 def test_flops_per_token_follow_the_active_weights():
     gpt = MODELS["gpt3-175b"]
-    l, h, s, v = gpt.layers, gpt.hidden, gpt.seq, gpt.vocab
-    assert gpt.flops_per_token() == 72 * l * h * h + 12 * l * s * h + 6 * h * v          # Narayanan eq. 3 / 4·3
-    assert gpt.flops_per_token("full") - gpt.flops_per_token() == 24 * l * h * h + 4 * l * s * h
-    assert gpt.flops_per_token("selective") - gpt.flops_per_token() == 12 * l * s * h    # Korthikanti App. A
+    L, h, s, v = gpt.layers, gpt.hidden, gpt.seq, gpt.vocab
+    assert gpt.flops_per_token() == 72 * L * h * h + 12 * L * s * h + 6 * h * v          # Narayanan eq. 3 / 4·3
+    assert gpt.flops_per_token("full") - gpt.flops_per_token() == 24 * L * h * h + 4 * L * s * h
+    assert gpt.flops_per_token("selective") - gpt.flops_per_token() == 12 * L * s * h    # Korthikanti App. A
     mixtral = MODELS["mixtral-8x7b"]
     dense_twin = ModelSpec("", 32, 4096, 32, 32000, 4096, kv_heads=8, ffn=2 * 14336, gated=True,
                            tied_embeddings=False, learned_positions=False, bias=False)

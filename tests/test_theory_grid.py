@@ -3,7 +3,8 @@ links (the groups a job builds from it, by hand and through `init_device_mesh`: 
 import itertools
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from partrain_edu.grading.checks.placement_3d import expected_groups, inside_node
 from partrain_edu.theory import grid

@@ -6,8 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from partrain_edu.theory.memory import (activation_bytes_per_layer, estimate_memory, gpt_param_count,
-                                        model_state_bytes)
+from partrain_edu.theory.memory import activation_bytes_per_layer, estimate_memory, gpt_param_count, model_state_bytes
 from partrain_edu.units import format_bytes
 
 PSI = 7_500_000_000  # the ZeRO paper's running example
@@ -48,12 +47,12 @@ MEGATRON_TABLE1 = [(1.7, 24, 2304, 24), (3.6, 32, 3072, 30), (7.5, 32, 4096, 36)
                    (310.1, 128, 16384, 96), (529.6, 128, 20480, 105), (1008.0, 160, 25600, 128)]
 
 
-@pytest.mark.parametrize("billions, heads, h, l", MEGATRON_TABLE1)
-def test_megatron_table1_parameter_counts(billions, heads, h, l):
+@pytest.mark.parametrize("billions, heads, h, L", MEGATRON_TABLE1)
+def test_megatron_table1_parameter_counts(billions, heads, h, L):
     V, s = 51200, 2048
     # The paper's formula P = 12lh²(1 + 13/(12h) + (V+s)/(12lh)), in exact fractions ...
-    paper = 12 * l * h * h * (1 + Fraction(13, 12 * h) + Fraction(V + s, 12 * l * h))
-    ours = gpt_param_count(l, h, V, s)
+    paper = 12 * L * h * h * (1 + Fraction(13, 12 * h) + Fraction(V + s, 12 * L * h))
+    ours = gpt_param_count(L, h, V, s)
     assert ours - 2 * h == paper  # ... is ours without the final layernorm (2h)
     # Every row we checked (all ten) rounds to the printed count, e.g. 1.65B -> 1.7, 1008.04B -> 1008.0.
     assert round(ours / 1e9, 1) == billions

@@ -3,9 +3,8 @@
 import pytest
 
 from partrain_edu.theory.layout import Layout as Spread
-from partrain_edu.theory.layout_memory import fullest_stage
+from partrain_edu.theory.layout_memory import TIGHT, fullest_stage
 from partrain_edu.theory.model_spec import MODELS
-from partrain_edu.theory.layout_memory import TIGHT
 from partrain_edu.theory.planner import SIMPLICITY_MARGIN, assumed_model, assumed_shape, candidate_layouts, plan
 
 GB80 = 80_000_000_000

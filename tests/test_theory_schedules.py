@@ -56,7 +56,7 @@ def test_zb_h1_idle_is_p_minus_1_times_f_plus_b_minus_w(p, m, f, b, w):
     # Qi et al. 2024 §2.1 (holds for m >= p and W <= F, which includes their F = B = W).
     zb = simulate(build_schedule("zb-h1", p, m), f, b, w)
     one_f_one_b = simulate(build_schedule("1f1b", p, m), f, b, w)  # runs B and W together
-    for idle_zb, idle_1f1b in zip(zb.idle, one_f_one_b.idle):
+    for idle_zb, idle_1f1b in zip(zb.idle, one_f_one_b.idle, strict=True):
         assert idle_zb == pytest.approx((p - 1) * (f + b - w))
         assert idle_1f1b == pytest.approx((p - 1) * (f + b + w))
     assert max(zb.peak_activations) == p == max(one_f_one_b.peak_activations)  # same peak memory

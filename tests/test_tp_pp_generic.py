@@ -46,7 +46,8 @@ def test_an_attention_model_equals_one_process_under_tp_and_sp(ranks):
         # per block: g after attention and after the MLP forward; f before each backward. Plus the embedding's g,
         # the head's f and the loss's 3 all-reduces. Without `inputs`, query, key and value each run their own f.
         blocks = 2
-        assert rank["lm tp"]["calls"] == {"forward all_reduce": 2 * blocks + 1 + 3, "backward all_reduce": 2 * blocks + 1}
+        assert rank["lm tp"]["calls"] == {"forward all_reduce": 2 * blocks + 1 + 3,
+                                          "backward all_reduce": 2 * blocks + 1}
         assert rank["lm tp-default-f"]["calls"] == {"forward all_reduce": 2 * blocks + 1 + 3,
                                                     "backward all_reduce": 4 * blocks + 1}
 
@@ -71,7 +72,8 @@ def test_a_stack_of_differently_shaped_layers_equals_one_process_under_every_sch
 
 
 @pytest.mark.parametrize("plan, tp, inputs, words", [
-    ({"3": "colwise"}, 2, (), "plan pattern '3' matches no submodule of Sequential: use its submodule names, e.g. 0, 2"),
+    ({"3": "colwise"}, 2, (),
+     "plan pattern '3' matches no submodule of Sequential: use its submodule names, e.g. 0, 2"),
     ({"0": "colwise"}, 2, ("mlp",), "inputs pattern 'mlp' matches no submodule"),
     ({"1": "colwise"}, 2, (), "'1' is a GELU, but 'colwise' splits an nn.Linear: point the pattern at nn.Linear"),
     ({"0": "vocab"}, 2, (), "'0' is a Linear, but 'vocab' splits an nn.Embedding"),

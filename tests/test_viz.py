@@ -18,8 +18,16 @@ from partrain_edu.theory import estimate_memory, plan, step_traffic  # noqa: E40
 from partrain_edu.theory.ring_steps import RING_OPS, bytes_sent_per_rank, ring_steps, states  # noqa: E402
 from partrain_edu.theory.schedules import build_schedule, simulate  # noqa: E402
 from partrain_edu.theory.traffic import ring_bytes_sent  # noqa: E402
-from partrain_edu.viz import (bubble_formula, collective_figure, inflight_curves, memory_widget,  # noqa: E402
-                              pipeline_figure, pipeline_widget, planner_widget, traffic_widget)
+from partrain_edu.viz import (  # noqa: E402
+    bubble_formula,
+    collective_figure,
+    inflight_curves,
+    memory_widget,
+    pipeline_figure,
+    pipeline_widget,
+    planner_widget,
+    traffic_widget,
+)
 from partrain_edu.viz.palette import IDLE  # noqa: E402
 from partrain_edu.viz.planner import layout_memory  # noqa: E402
 
@@ -263,8 +271,9 @@ def test_no_widget_raises_on_nonsense_typed_into_a_text_box():
 
 def test_redrawing_only_the_data_gives_the_picture_a_full_draw_gives():
     """The widgets keep a figure's frame and redraw only its data (blitting); nothing stale may stay."""
-    from PIL import Image
     import io
+
+    from PIL import Image
 
     from partrain_edu.viz import memory_figure, zero_stage_estimates
     from partrain_edu.viz import pipeline as pipeline_module

@@ -9,8 +9,7 @@ matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from partrain_edu.theory.efficiency import (AXES, arithmetic_intensity, attainable_flops, axis_cost,  # noqa: E402
-                                            ridge_point)
+from partrain_edu.theory.efficiency import AXES, arithmetic_intensity, attainable_flops, axis_cost, ridge_point  # noqa: E402
 from partrain_edu.theory.hardware import DEVICES  # noqa: E402
 from partrain_edu.viz.efficiency import GROUP_SIZES, ratio_widget, roofline_figure  # noqa: E402
 
@@ -22,7 +21,7 @@ def test_roofline_places_each_matmul_on_the_roof_and_marks_the_ridges():
     ax, cpu = fig.axes
     dots = [line for line in ax.get_lines() if line.get_marker() == "o"]
     h100 = DEVICES["h100"]
-    for dot, (m, k, n) in zip(dots, matmuls.values()):
+    for dot, (m, k, n) in zip(dots, matmuls.values(), strict=True):
         x = arithmetic_intensity(m, k, n)
         assert dot.get_xdata()[0] == pytest.approx(x)
         assert dot.get_ydata()[0] == pytest.approx(attainable_flops(x, h100) / 1e12)

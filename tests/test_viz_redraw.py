@@ -16,17 +16,26 @@ from matplotlib.patches import FancyArrowPatch  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from partrain_edu.theory import plan, step_traffic  # noqa: E402
+from partrain_edu.theory.planner import assumed_shape  # noqa: E402
 from partrain_edu.theory.ring_steps import ring_steps, states  # noqa: E402
 from partrain_edu.theory.schedules import build_schedule, simulate  # noqa: E402
-from partrain_edu.viz import (collective_figure, memory_figure, memory_widget, pipeline_widget,  # noqa: E402
-                              planner_figure, planner_widget, strategy_traffic, strategy_traffic_figure,
-                              traffic_widget, zero_stage_estimates)
+from partrain_edu.viz import (  # noqa: E402
+    collective_figure,
+    memory_figure,
+    memory_widget,
+    pipeline_widget,
+    planner_figure,
+    planner_widget,
+    strategy_traffic,
+    strategy_traffic_figure,
+    traffic_widget,
+    zero_stage_estimates,
+)
 from partrain_edu.viz import pipeline as pipeline_module  # noqa: E402
 from partrain_edu.viz._render import Layered, render_png  # noqa: E402
-from partrain_edu.viz.ring import collective_data, collective_frame  # noqa: E402
-from partrain_edu.theory.planner import assumed_shape  # noqa: E402
 from partrain_edu.viz.palette import ACTIVATIONS, rank_color  # noqa: E402
 from partrain_edu.viz.planner import layout_memory, layout_traffic  # noqa: E402
+from partrain_edu.viz.ring import collective_data, collective_frame  # noqa: E402
 
 
 def texts(fig) -> list[str]:

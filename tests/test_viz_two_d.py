@@ -38,7 +38,7 @@ def test_bars_are_fsdp_intensity_and_each_tick_is_its_dp_groups_f_over_beta():
     assert [y for _, y, _ in ticks] == pytest.approx(need) and [x for x, _, _ in ticks] == pytest.approx([0, 1, 2, 3])
     assert need[0] == pytest.approx(dp_thresholds(H100, 512, 1)) and need[-1] == pytest.approx(8 * need[1] / 2)
     assert [to_rgb(b.get_facecolor()[:3]) for b in bars] == [to_rgb(FITS if h >= n else OVER)
-                                                             for h, n in zip(expected, need)]
+                                                             for h, n in zip(expected, need, strict=True)]
 
 
 def test_tp_lifts_a_bar_and_its_tick_alike_so_the_verdict_does_not_change():
@@ -48,8 +48,8 @@ def test_tp_lifts_a_bar_and_its_tick_alike_so_the_verdict_does_not_change():
     peak = [y for _, y, style in ticks if style == "--"]
     sustained = [y for _, y, style in ticks if style == ":"]
     assert sustained == pytest.approx([dp_thresholds(H100, 512, tp, flops=SUSTAINED) for tp in TPS])
-    assert all(s < p for s, p in zip(sustained, peak))
-    margins = [b.get_height() / p for b, p in zip(bars, peak)]
+    assert all(s < p for s, p in zip(sustained, peak, strict=True))
+    margins = [b.get_height() / p for b, p in zip(bars, peak, strict=True)]
     assert min(margins) > 1 and max(margins) == pytest.approx(min(margins), rel=0.07)   # and (n−1)/n
     assert {to_rgb(b.get_facecolor()[:3]) for b in bars} == {to_rgb(FITS)}
 

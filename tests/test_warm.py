@@ -1,6 +1,6 @@
-"""Warm ranks (`partrain_edu.launcher.warm.pool`, `%dist` / `%%dist`): variables live from cell to cell, and every way a cell can
-fail ends in one clear error within seconds — the pool still usable when it can be, nothing left running when not.
-Each test has a deadline; each pool carries a marker in its environment, so a leftover process cannot hide."""
+"""Warm ranks (`partrain_edu.launcher.warm.pool`, `%dist` / `%%dist`): variables live from cell to cell, and every way
+a cell can fail ends in one clear error within seconds — the pool still usable when it can be, nothing left running
+when not. Each test has a deadline; each pool carries a marker in its environment, so a leftover process cannot hide."""
 import _thread
 import os
 import queue
@@ -17,9 +17,9 @@ from typing import Callable
 
 import pytest
 
-from partrain_edu.notebook.magics import MagicUsageError, run_dist_magic
-from partrain_edu.launcher.warm.pool import DistError, DistInterrupted, Pool
 from conftest import REPO
+from partrain_edu.launcher.warm.pool import DistError, DistInterrupted, Pool
+from partrain_edu.notebook.magics import MagicUsageError, run_dist_magic
 from test_launch import leftovers, new_marker
 
 pytestmark = pytest.mark.timeout(90)  # pytest-timeout: the deadline for any one test, however it fails
@@ -167,7 +167,8 @@ def test_a_collective_only_one_rank_calls_is_stopped_before_the_cell_timeout():
     error, elapsed = failing("if rank == 0:\n    dist.all_reduce(torch.ones(1))", timeout=30)
     text = str(error)
     assert not error.timed_out and error.rank == 1, text
-    assert text.startswith("rank 1 ended after 0 collectives while rank 0 waits in its 1st") and "`%dist restart`" in text
+    assert text.startswith("rank 1 ended after 0 collectives while rank 0 waits in its 1st")
+    assert "`%dist restart`" in text
 
 
 def test_ranks_left_waiting_for_a_raising_rank_bring_the_pool_down():

@@ -2,8 +2,9 @@
 equal `theory.memory` (stages 0–3, dp 1/2/4), bytes sent equal `theory.traffic` (ZeRO-1/2 = DDP, ZeRO-3 = 1.5×).
 One launch of 4 ranks runs every variant; rank 0 publishes, the assertions below compare.
 """
+import itertools
+
 import pytest
-import torch
 
 from partrain_edu.config import TrainConfig
 from partrain_edu.launcher import torchrun
@@ -46,7 +47,8 @@ def full_params(strategy):
             for k, p in m.named_parameters()}
 
 def reference(cfg, make_optimizer=None):
-    single = Single(runtime.ParallelContext(0, 1, 0, torch.device("cpu"), "gloo", 60.0), TrainConfig(model=cfg.model, microbatches=cfg.microbatches))
+    single = Single(runtime.ParallelContext(0, 1, 0, torch.device("cpu"), "gloo", 60.0),
+                    TrainConfig(model=cfg.model, microbatches=cfg.microbatches))
     if make_optimizer is not None:
         single.optimizer = make_optimizer(single.model.parameters())
     data, losses = SyntheticTokens(cfg.model.vocab_size, cfg.model.seq_len), []
@@ -105,7 +107,7 @@ def ranks(request):
 
 
 def _rel(a, b):
-    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b, strict=True))
 
 
 def test_every_variant_reproduces_single(ranks):
@@ -140,7 +142,7 @@ def test_zero3_transient_peak_is_the_root_plus_one_block(ranks):
     # without prefetch every all-gather is waited for at once; with it, another unit's gather is in flight
     # while a unit computes (issued, then some other unit becomes ready before it)
     def in_flight(timeline):
-        return [tuple(a) for a, b in zip(timeline, timeline[1:]) if a[0] == "issue" and tuple(b) != ("ready", a[1])]
+        return [tuple(a) for a, b in itertools.pairwise(timeline) if a[0] == "issue" and tuple(b) != ("ready", a[1])]
     assert in_flight(result["zero3"]["timeline"]) == []
     assert ("issue", 2) in in_flight(result["zero3-prefetch"]["timeline"])
 

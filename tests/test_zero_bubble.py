@@ -88,7 +88,7 @@ def test_the_split_on_an_attention_model_and_its_refusals():
         lm_loss(full(idx[:, :-1]), idx[:, 1:]).backward()
         stage, executor = one_stage(lm, Embed(lm), nn.Sequential(lm.norm, lm.head))
         executor.step(idx[:, :-1], idx[:, 1:])
-        for (name, got), want in zip(lm.named_parameters(), full.parameters()):
+        for (name, got), want in zip(lm.named_parameters(), full.parameters(), strict=True):
             torch.testing.assert_close(got.grad, want.grad, rtol=FP32, atol=1e-7, msg=name)
         a, b = nn.Linear(4, 4), nn.Linear(4, 4)
         b.weight = a.weight                                  # tied: W from a's output would miss b's use

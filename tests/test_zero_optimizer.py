@@ -54,7 +54,7 @@ def test_one_rank_is_bit_identical_to_the_plain_optimizer(world_of_one):
                 o.zero_grad()
                 um.loss(model, name, *um.batch(name, step), step).backward()
                 o.step()
-        assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), mine.parameters())), name
+        assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), mine.parameters(), strict=True)), name
         assert opt.state_dict()["state"].keys() == ref_opt.state_dict()["state"].keys()
 
 

@@ -123,7 +123,7 @@ def train(name: str, model: nn.Module, opt, part: tuple[int, int] = (0, 1), micr
     for step in range(steps):
         x, y = rank_slice(name, *batch(name, step), *part)
         opt.zero_grad()
-        for xb, yb in zip(x.chunk(microbatches), y.chunk(microbatches)):
+        for xb, yb in zip(x.chunk(microbatches), y.chunk(microbatches), strict=True):
             (loss(model, name, xb, yb, step) / microbatches).backward()
         opt.step()
     return model

@@ -17,7 +17,6 @@ from torch.distributed.tensor.debug import CommDebugMode  # ~2 s of imports (DTe
 from partrain_edu.comm.tracer import CommRecord, CommTracer
 from partrain_edu.theory.traffic import ring_bytes_sent
 
-
 _FUNCOL = torch.ops._c10d_functional
 # functional op → (our op name, ring-model op, payload S in bytes, group name) from its arguments
 _COLLECTIVES = {

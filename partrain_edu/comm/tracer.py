@@ -23,7 +23,8 @@ counts once, as the outer op.
 How: entering patches the functions of ``torch.distributed`` and of ``torch.distributed.distributed_c10d``
 (all_gather_object reaches all_gather through the latter's globals); exiting puts back exactly what was there,
 also on an exception. It cannot see collectives made in C++ (PyTorch DDP's bucket all-reduce: register
-:func:`comm.ddp_hook.traced_allreduce_hook`), functional collectives (DTensor, FSDP2: ``comm.adapters``), nor a function bound by
+:func:`comm.ddp_hook.traced_allreduce_hook`), functional collectives (DTensor, FSDP2: ``comm.adapters``), nor a
+function bound by
 ``from torch.distributed import all_reduce`` before entering. The patch is process-wide, so one tracer is active
 per process: entering a second raises. No timings: an async op returns before its bytes move.
 """
@@ -35,7 +36,6 @@ import inspect
 import threading
 from dataclasses import dataclass, field
 
-import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 

@@ -84,7 +84,7 @@ def _python(cell: str) -> str:
 
 def _filled(cell) -> bool:
     try:
-        cell.cell_contents
+        _ = cell.cell_contents  # raises ValueError while the cell is empty
     except ValueError:  # a closure variable not assigned yet
         return False
     return True
@@ -106,7 +106,7 @@ def refusal_of(fn: Any, where: str, _seen: set | None = None) -> str | None:
     if code is None or scope is None or id(fn) in seen:
         return None
     seen.add(id(fn))
-    closure = {n: c.cell_contents for n, c in zip(code.co_freevars, fn.__closure__ or ()) if _filled(c)}
+    closure = {n: c.cell_contents for n, c in zip(code.co_freevars, fn.__closure__ or (), strict=True) if _filled(c)}
     scope = {**scope, **closure}
     for name in sorted(_names(code) | set(closure)):
         if name not in scope:

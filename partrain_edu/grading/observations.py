@@ -88,7 +88,7 @@ class Reader:
         out = []
         for record in self.entries(most, what):
             row = []
-            for kind, value in zip(fields, record.items(len(fields))):
+            for kind, value in zip(fields, record.items(len(fields)), strict=True):
                 if kind != "name":
                     row.append(None if kind == "peer" and value.value is None else value.count())
                 elif isinstance(value.value, str) and len(value.value) <= 80:

@@ -27,7 +27,7 @@ def main() -> None:
     spec = spec_of(job["check"], len(job["sources"]))
     namespace = namespace_for(spec)
     functions = []
-    for source, name in zip(job["sources"], job["names"]):
+    for source, name in zip(job["sources"], job["names"], strict=True):
         exec(compile(source, f"<your {name}>", "exec"), namespace)
         functions.append(namespace[name])
     mine = spec.observe(ctx, *functions, seed=job["seed"])

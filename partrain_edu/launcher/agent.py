@@ -45,7 +45,7 @@ def serve_on_loopback_only() -> None:
 
     class LoopbackTCPStore(dist.TCPStore):
         def __init__(self, host_name: str, port: int, *args, **kwargs):
-            kwargs.update(zip(_STORE_ARGS, args))
+            kwargs.update(zip(_STORE_ARGS, args, strict=False))  # the positional ones given: a prefix of _STORE_ARGS
             if kwargs.get("is_master") and kwargs.get("master_listen_fd") is None:
                 sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 sock.bind(("127.0.0.1", port))  # port 0: the OS picks a free one, so two launches never collide

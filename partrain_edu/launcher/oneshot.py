@@ -28,8 +28,13 @@ from typing import Any, Callable, Sequence, TypeVar
 
 from partrain_edu.launcher import agent
 from partrain_edu.launcher.diagnose.oneshot import TorchrunError, failure, mismatch_error, timeout_error
-from partrain_edu.launcher.options import (DEFAULT_RUN_TIMEOUT_S, check_arguments, check_timeout, rank_environment,
-                                           script_path)
+from partrain_edu.launcher.options import (
+    DEFAULT_RUN_TIMEOUT_S,
+    check_arguments,
+    check_timeout,
+    rank_environment,
+    script_path,
+)
 from partrain_edu.launcher.output import Run, TorchrunResult, print_echo
 from partrain_edu.launcher.status_line import RankStatus, in_kernel
 from partrain_edu.launcher.supervise import supervise

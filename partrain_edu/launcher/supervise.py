@@ -43,7 +43,7 @@ def supervise(commands: list[list[str]], env: dict[str, str], run: Run, timeout:
     deadline = None if timeout is None else start + timeout
     timed_out, mismatch, watch, failed_at, up = False, None, findings.Watch(run.run_dir, run.nproc), None, 0
     try:
-        for command, take in zip(commands, takes):
+        for command, take in zip(commands, takes, strict=True):
             procs.append(agent_server.popen(command, env))  # an agent is forked by a server that imported torch
             readers.append(Lines(procs[-1].stdout.fileno(), take))  # type: ignore[union-attr]
         while any(p.poll() is None for p in procs) and not timed_out and mismatch is None:

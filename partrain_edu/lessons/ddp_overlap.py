@@ -10,8 +10,8 @@ TinyGPT's blocks are charged as GPT-3 XL's layers and its gradients priced at GP
 - `bucket_seconds` prices each DDP bucket's all-reduce with the α–β model of the link the ranks share: the
   input of `theory.traffic.bucketed_backward_end`, the model the measured overlap is compared with.
 - `exposed_communication` runs the same TinyGPT three ways on `nproc` ranks (the ranks' side is
-  `python -m partrain_edu.lessons.ddp_overlap`): one all-reduce per parameter after backward (`ddp-naive`), one bucket after backward,
-  and buckets that leave while backward goes on (`ddp` with a 256 KiB cap: 4 buckets).
+  `python -m partrain_edu.lessons.ddp_overlap`): one all-reduce per parameter after backward (`ddp-naive`), one
+  bucket after backward, and buckets that leave while backward goes on (`ddp` with a 256 KiB cap: 4 buckets).
 """
 from __future__ import annotations
 

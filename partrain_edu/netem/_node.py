@@ -1,6 +1,7 @@
 """One emulated node's torchrun: the process `netem.TwoNodes.run` starts for each node.
 
-    python -m partrain_edu.netem._node LAUNCHER_PID HOSTNAME NETNS [torchrun options] -m partrain_edu.launcher.rank RUN_DIR
+    python -m partrain_edu.netem._node LAUNCHER_PID HOSTNAME NETNS [torchrun options] \\
+        -m partrain_edu.launcher.rank RUN_DIR
 
 It becomes `ip netns exec NETNS python -m torch.distributed.run [torchrun options] ...` (exec, same process)
 after two things a real node has and a namespace alone does not:

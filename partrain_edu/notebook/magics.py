@@ -93,8 +93,14 @@ def run_cell_magic(line: str, cell: str, user_ns: dict[str, Any]):
     """`%%torchrun ...`: run `cell` on the ranks, show their output, publish rank 0's values into `user_ns`."""
     options, script_args = parse_magic_line(line)
     with loading(f"starting {options.nproc} ranks") as first:
-        from partrain_edu.launcher import (DEFAULT_RUN_TIMEOUT_S, TorchrunError, TorchrunInterrupted,
-                                         check_arguments, check_timeout, torchrun)
+        from partrain_edu.launcher import (
+            DEFAULT_RUN_TIMEOUT_S,
+            TorchrunError,
+            TorchrunInterrupted,
+            check_arguments,
+            check_timeout,
+            torchrun,
+        )
     try:
         timeout = check_timeout(getattr(options, "timeout", DEFAULT_RUN_TIMEOUT_S), "--timeout", none="none")
         check_arguments(options.nproc, timeout, options.rank)

@@ -11,8 +11,10 @@ explicitly (`ctx.group("tp")` from `runtime.init(dp=…, tp=…, pp=…)`); `gro
 | buckets    | Bucket, plan_buckets, GradBucketHooks, OncePerBackward, allreduce_mean | — / gradients in flat buckets |
 | ddp        | DistributedDataParallel, allreduce_per_parameter      | nothing / averaged gradients         |
 | flat_shard | FlatShard, by_dtype                                   | a flat buffer, one chunk per rank    |
+| zero_naive | NaiveZero: ZeRO-1/2 on one flat buffer, 80 lines     | optimizer states (+ grads) / RS, AG  |
 | zero       | ZeroOptimizer (ZeRO-1/2)                              | optimizer states (+ grads) / RS, AG  |
 | zero_state | ZeroOptimizer's single-process state dict, mirror_hyperparameters | — / AG of the states |
+| fsdp_naive | NaiveFSDP: ZeRO-3, the whole model one unit, 80 lines | + parameters / AG, AG, RS            |
 | fsdp       | FullyShardedDataParallel, MixedPrecision (ZeRO-3)     | + parameters / gathers per unit      |
 | fsdp_unit  | Unit, UnitShard, _Gather: one unit's gather mechanics | + parameters / AG, AG, RS per unit   |
 | fsdp_layout | choose_units, shard_units, registered (which unit owns which parameter) | — / nothing  |
@@ -31,20 +33,22 @@ explicitly (`ctx.group("tp")` from `runtime.init(dp=…, tp=…, pp=…)`); `gro
 | context    | RingAttention, Sharding (context parallelism, zig-zag) | sequence / K, V around the ring      |
 | mixed_precision | MixedPrecision, LowPrecisionCopy, cast_floating   | — / bf16: half the bytes, fp32 master |
 | clipping   | clip_grad_norm_tp, LocalGrad (the wrappers' clip_grad_norm_) | — / one all-reduce of Σ‖g‖²  |
-RS: reduce-scatter, AG: all-gather. The wrappers are named here too, as `torch.distributed.fsdp` names its own:
+RS: reduce-scatter, AG: all-gather. The *_naive files are the algorithm alone: read them before the wrappers.
+The wrappers are named here too, as `torch.distributed.fsdp` names its own:
 `from partrain_edu.parallel import FullyShardedDataParallel, ZeroOptimizer, parallelize` (docs/pytorch_semantics.md).
 """
 import importlib
 
 # Submodules, imported on use: `import partrain_edu.parallel` stays free of torch.
-__all__ = ["buckets", "clipping", "context", "ddp", "flat_shard", "fsdp", "fsdp_layout", "fsdp_state", "fsdp_unit",
-           "hybrid", "mixed_precision", "moe", "moe_routing", "pipeline", "pp_comm", "ring", "saved_bytes", "sequence",
-           "tensor", "torch_tp", "tp_comm", "zero", "zero_bubble", "zero_state"]
+__all__ = ["buckets", "clipping", "context", "ddp", "flat_shard", "fsdp", "fsdp_layout", "fsdp_naive", "fsdp_state",
+           "fsdp_unit", "hybrid", "mixed_precision", "moe", "moe_routing", "pipeline", "pp_comm", "ring", "saved_bytes",
+           "sequence", "tensor", "torch_tp", "tp_comm", "zero", "zero_bubble", "zero_naive", "zero_state"]
 # The names a PyTorch user imports from the package, and the submodule each lives in (loaded on first use).
 EXPORTS = {"DistributedDataParallel": "ddp", "ZeroOptimizer": "zero", "FullyShardedDataParallel": "fsdp",
            "MixedPrecision": "mixed_precision", "parallelize": "tensor", "TensorParallelRegion": "tensor",
            "SequenceParallelRegion": "sequence", "PipelineExecutor": "pipeline", "RingAttention": "context",
-           "ExpertParallelMoE": "moe", "MoE": "moe", "clip_grad_norm_tp": "clipping"}
+           "ExpertParallelMoE": "moe", "MoE": "moe", "clip_grad_norm_tp": "clipping", "NaiveZero": "zero_naive",
+           "NaiveFSDP": "fsdp_naive"}
 
 
 def __getattr__(name: str):

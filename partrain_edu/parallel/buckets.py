@@ -45,7 +45,7 @@ class Bucket:
             start += p.numel()
         self.dtype = self.dtype or self.params[0].dtype         # another dtype: pack and unpack cast
         self.buffer = torch.zeros(start, dtype=self.dtype, device=self.params[0].device)
-        self.views = [self.buffer[a:b].view_as(p) for p, (a, b) in zip(self.params, self.spans)]
+        self.views = [self.buffer[a:b].view_as(p) for p, (a, b) in zip(self.params, self.spans, strict=True)]
 
     @property
     def numel(self) -> int:
@@ -57,7 +57,7 @@ class Bucket:
 
     def pack(self) -> torch.Tensor:
         """Copy the gradients into the flat buffer; a parameter without a gradient contributes zeros."""
-        have = [(v, p.grad) for p, v in zip(self.params, self.views) if p.grad is not None]
+        have = [(v, p.grad) for p, v in zip(self.params, self.views, strict=True) if p.grad is not None]
         if len(have) < len(self.params):
             self.buffer.zero_()
         if have:  # one call for every copy, not one per parameter: with ranks sharing a core, Python time is step time
@@ -66,10 +66,10 @@ class Bucket:
 
     def unpack(self) -> None:
         """Copy the (reduced) buffer back into each parameter's `.grad`."""
-        have = [(p.grad, v) for p, v in zip(self.params, self.views) if p.grad is not None]
+        have = [(p.grad, v) for p, v in zip(self.params, self.views, strict=True) if p.grad is not None]
         if have:
             torch._foreach_copy_([g for g, _ in have], [v for _, v in have])
-        for p, v in zip(self.params, self.views):
+        for p, v in zip(self.params, self.views, strict=True):
             if p.grad is None:
                 p.grad = v.to(p.dtype, copy=True)
 

@@ -19,8 +19,8 @@ post-accumulate-grad hook launches an async all-reduce as soon as a bucket is fu
 the rest of backward; the end of backward waits for all of them. `no_sync()` skips communication while
 micro-batches accumulate gradients. A parameter without a gradient is refused, as PyTorch's DDP does, unless
 `find_unused_parameters=True`: then it contributes zeros, and one more all-reduce of a used-flag per parameter
-finds those no rank used, whose gradient stays None, exactly as in one process. Every bucket's all-reduce start and finish, relative to the
-start of backward, is kept in `timeline` for the overlap picture.
+finds those no rank used, whose gradient stays None, exactly as in one process. Every bucket's all-reduce start
+and finish, relative to the start of backward, is kept in `timeline` for the overlap picture.
 
 Mixed precision (`mixed_precision=MixedPrecision(torch.bfloat16)`, the `ddp-bf16` strategy): forward runs
 through a bf16 copy of the fp32 parameters (`mixed_precision.LowPrecisionCopy`), the fp32 gradients sum in
@@ -132,13 +132,13 @@ class DistributedDataParallel(nn.Module):
         if not self.find_unused_parameters and not all(used):
             # PyTorch's DDP refuses this too: averaging a zero for it would move it (momentum, weight decay)
             # where one process would leave it alone.
-            missing = [self._names[id(p)] for p, u in zip(self.params, used) if not u]
+            missing = [self._names[id(p)] for p, u in zip(self.params, used, strict=True) if not u]
             raise RuntimeError(f"parameters {missing} got no gradient in this backward: pass "
                                "find_unused_parameters=True, or freeze them (requires_grad=False)")
         if self.find_unused_parameters:
             counts = torch.tensor(used, dtype=torch.int32, device=self.params[0].device)  # NCCL: GPU tensors only
             dist.all_reduce(counts, group=self.group)        # how many ranks gave each parameter a gradient
-            for p, count in zip(self.params, counts.tolist()):
+            for p, count in zip(self.params, counts.tolist(), strict=True):
                 if count == 0:
                     p.grad = None                            # no rank used it: as in one process, no gradient
         step, self._step = self._step, {}

@@ -45,12 +45,12 @@ class FlatShard:
         p0 = self.params[0]
         full = torch.zeros(self.padded, dtype=p0.dtype, device=p0.device)   # (padded,)
         with torch.no_grad():
-            for p, view in zip(self.params, self.views(full)):
+            for p, view in zip(self.params, self.views(full), strict=True):
                 view.copy_(p)
         lo = self.rank * self.shard_numel
         if keep_full:
             self.full = full
-            for p, view in zip(self.params, self.views(full)):
+            for p, view in zip(self.params, self.views(full), strict=True):
                 p.data = view                                   # the module now reads the flat buffer
             self.data = full[lo:lo + self.shard_numel]          # (s,) a view, no copy
         else:
@@ -75,7 +75,7 @@ class FlatShard:
     def flatten(self, tensors: list[torch.Tensor | None]) -> torch.Tensor:
         """(padded,) buffer of `tensors` laid out like the parameters; None and the padding are zeros."""
         flat = torch.zeros(self.padded, dtype=self.data.dtype, device=self.data.device)
-        for t, view in zip(tensors, self.views(flat)):
+        for t, view in zip(tensors, self.views(flat), strict=True):
             if t is not None:
                 view.copy_(t)
         return flat
@@ -101,13 +101,13 @@ class FlatShard:
     def set_piece_grads(self, grad: torch.Tensor | None, used: list[bool]) -> None:
         """Hand the chunk's gradient (s,) to the pieces; a parameter that got no gradient gets None, as in
         one process (an optimizer then leaves it, its state and its step count alone)."""
-        for piece, (x, y), u in zip(self.pieces, self.bounds, used):
+        for piece, (x, y), u in zip(self.pieces, self.bounds, used, strict=True):
             piece.grad = grad[x:y] if (u and grad is not None) else None
 
     def chunk_of(self, per_piece: list[torch.Tensor | None]) -> torch.Tensor:
         """(s,) one tensor per piece (an optimizer state) laid out like this rank's chunk; None → zeros."""
         chunk = torch.zeros_like(self.data)
-        for t, (x, y) in zip(per_piece, self.bounds):
+        for t, (x, y) in zip(per_piece, self.bounds, strict=True):
             if t is not None:
                 chunk[x:y] = t.reshape(-1)
         return chunk

@@ -12,6 +12,13 @@ One unit's mechanics: fsdp_unit.py. `MixedPrecision(torch.bfloat16)` (zero3-bf16
 bf16, half the bytes; the shard stays the fp32 master. `parameters()`: this rank's 1-D *pieces* under the original
 names (use_orig_params), stepped per parameter as in one process. `state_dict()`: the unwrapped module's
 (fsdp_state.py); `clip_grad_norm_`, `no_sync()`: docs/pytorch_semantics.md.
+
+Read fsdp_naive.py first: the same four phases with the whole model as one unit, in 80 lines. What each addition
+here is for: units (the gathered peak is the root plus one unit, not the whole model); `prefetch` (the next
+unit's all-gather overlaps this one's compute); mixed precision (half the bytes on the wire); pieces per parameter
+(param groups, a parameter without a gradient left alone); frozen parameters and each dtype in buffers of their
+own; a tied weight owned by the root; re-gathering for activation checkpointing; `no_sync()`; `clip_grad_norm_`;
+`state_dict()` / `summon_full_params()` (fsdp_state.py).
 """
 from __future__ import annotations
 
@@ -61,7 +68,7 @@ class FullyShardedDataParallel(nn.Module):
             self._names.setdefault(id(p), []).append(name)
         order = [id(p) for p in module.parameters()]
         shard_units(self.units, module, self.mixed_precision)   # the attributes become slots: fsdp_layout.py
-        where = {id(p): piece for s in self.shards() for p, piece in zip(s.flat.params, s.flat.pieces)}
+        where = {id(p): piece for s in self.shards() for p, piece in zip(s.flat.params, s.flat.pieces, strict=True)}
         self._pieces = [(self._names[i], where[i]) for i in order]
         for u in self.units[1:]:
             u.module.register_forward_pre_hook(lambda mod, args, kwargs, u=u: self._enter(u, args, kwargs),

@@ -62,7 +62,7 @@ class _Gather(torch.autograd.Function):
         if grad_full is None:                               # inside no_sync(): kept, reduced later
             return (None, None, *(None for _ in used))
         chunk = shard.reduce(grad_full)                     # (s,) in the master dtype
-        return (None, None, *(chunk[x:y] if u else None for u, (x, y) in zip(used, shard.flat.bounds)))
+        return (None, None, *(chunk[x:y] if u else None for u, (x, y) in zip(used, shard.flat.bounds, strict=True)))
 
 
 class UnitShard:
@@ -94,7 +94,7 @@ class UnitShard:
         """Register `tensors` (the pieces; the full views while a state dict is built) as the module's
         parameters: `module.named_parameters()` lists every parameter, as FSDP2's DTensors stay visible.
         Forward reads the attribute itself (`set_views`), which shadows the registration."""
-        for t, slots in zip(tensors, self.slots):
+        for t, slots in zip(tensors, self.slots, strict=True):
             for module, attr, _ in slots:
                 module._parameters[attr] = t
 
@@ -102,7 +102,7 @@ class UnitShard:
         """(gradient to reduce now or None, used): outside no_sync the sum with what no_sync kept."""
         if self.accumulated is not None:
             total, before = self.accumulated
-            grad_full, used = total.add_(grad_full), [a or b for a, b in zip(before, used)]
+            grad_full, used = total.add_(grad_full), [a or b for a, b in zip(before, used, strict=True)]
         if self.owner.sync:
             self.accumulated = None
             return grad_full, used
@@ -136,7 +136,7 @@ class UnitShard:
     def set_views(self, full: torch.Tensor | None) -> list[torch.Tensor]:
         """Point every slot at its view of `full` (or at a ShardedAttribute when None)."""
         views = self.flat.views(full) if full is not None else [None] * len(self.slots)
-        for view, slots in zip(views, self.slots):
+        for view, slots in zip(views, self.slots, strict=True):
             for module, attr, name in slots:
                 module.__dict__[attr] = view if view is not None else ShardedAttribute(name)
         return views

@@ -147,7 +147,8 @@ class ExpertParallelMoE(nn.Module):
         # 2. dispatch; received rows are source-major, and within a source sorted by (local) expert
         anchor = torch.empty(0, requires_grad=torch.is_grad_enabled())
         got = _AllToAll.apply(rows[order], recv, send, self.group, anchor)   # (R_in, H)
-        local_expert = torch.arange(self.per_rank, device=x.device).repeat(self.size).repeat_interleave(incoming.reshape(-1))
+        local_expert = (torch.arange(self.per_rank, device=x.device).repeat(self.size)
+                        .repeat_interleave(incoming.reshape(-1)))
         done = run_experts(self.experts, got, local_expert)      # (R_in, H)
         # 3. combine: outputs go back to their tokens' ranks, then into token-major order, zeros where dropped
         back = _AllToAll.apply(done, send, recv, self.group, anchor)    # (R, H) in `order`

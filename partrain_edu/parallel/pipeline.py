@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from itertools import accumulate
+from itertools import accumulate, pairwise
 
 import torch
 import torch.distributed as dist
@@ -25,6 +25,7 @@ import torch.nn as nn
 
 from partrain_edu.data import split_microbatches
 from partrain_edu.parallel.pp_comm import Boundary, Mailbox
+
 # backward_input too: the B and W halves were defined here first (notebook 13 points at this file for them)
 from partrain_edu.parallel.zero_bubble import SplitBackward, backward_input, backward_weight  # noqa: F401
 from partrain_edu.theory.schedules import Schedule
@@ -67,7 +68,7 @@ def split_layers(layers, parts: int, boundaries: list[int] | None = None, pre: n
         costs[-1] += _params(post)
         cuts = _balanced_cuts(costs, parts)
     edges = [0, *cuts, n]
-    return list(zip(edges, edges[1:]))
+    return list(pairwise(edges))
 
 
 class Stage(nn.Module):
@@ -103,7 +104,7 @@ def infer_boundaries(chunks: list[nn.Module], stage: int, ranks: list[int], samp
             x = sample if v == 0 else torch.zeros(found[-1].shape, dtype=found[-1].dtype, device=sample.device)
             modes = [m.training for m in chunk.modules()]
             out = chunk.eval()(x)
-            for m, mode in zip(chunk.modules(), modes):
+            for m, mode in zip(chunk.modules(), modes, strict=True):
                 m.training = mode
             box[0] = Boundary(tuple(out.shape), out.dtype)
         dist.broadcast_object_list(box, src=ranks[v % p], group=group)

@@ -15,6 +15,7 @@ depend on another, and that wait is the bubble. `dist.isend/irecv` are looked up
 """
 from __future__ import annotations
 
+import itertools
 from typing import NamedTuple
 
 import torch
@@ -80,7 +81,7 @@ def agree_on_shapes(mine: dict, group=None) -> list[dict]:
         raise ValueError(f"pipeline stages disagree on the boundary shape {sorted(shapes)}; give every rank the "
                          "same global batch, number of micro-batches and model config")
     layers = sorted(r for d in everyone for r in d["layers"])
-    for (a0, a1), (b0, _) in zip(layers, layers[1:]):
+    for (_, a1), (b0, _) in itertools.pairwise(layers):
         if a1 != b0:
             raise ValueError(f"pipeline stages hold layers {layers}, which do not join up; give boundaries that "
                              "cover every layer once, in order")

@@ -18,8 +18,9 @@ biases, positions), each rank having seen only its positions.
 **Activation memory per layer** (theory.memory, Korthikanti Table 2): sbh(10 + 24/t + 5as/(ht)) under tensor
 parallelism becomes sbh(34/t + 5as/(ht)) — the 10sbh replicated part shrinks t-fold. Of those 10sbh, 4sbh are the
 inputs of the QKV and first MLP matmuls (the rest: 4sbh LayerNorm inputs, 2sbh dropout masks; §4.2.2); to keep
-only their (B, T/t, H) shard, the paper stores the shard and all-gathers it again in backward. We do that with autograd's saved-tensor hooks (`pack`/`unpack` below), so the
-model code is unchanged; `SequenceParallelRegion(group, regather=False)` keeps the whole input, to compare.
+only their (B, T/t, H) shard, the paper stores the shard and all-gathers it again in backward. We do that with
+autograd's saved-tensor hooks (`pack`/`unpack` below), so the model code is unchanged;
+`SequenceParallelRegion(group, regather=False)` keeps the whole input, to compare.
 `SavedBytes` (saved_bytes.py) measures what a layer keeps; notebook 05 and the tests compare it with the formula.
 """
 from __future__ import annotations
@@ -31,8 +32,12 @@ import torch.nn as nn
 
 from partrain_edu.parallel.saved_bytes import SavedBytes
 from partrain_edu.parallel.tensor import TensorParallelRegion
-from partrain_edu.parallel.tp_comm import (all_gather_sequence, all_reduce_, gather_from_sequence,
-                                           reduce_scatter_to_sequence)
+from partrain_edu.parallel.tp_comm import (
+    all_gather_sequence,
+    all_reduce_,
+    gather_from_sequence,
+    reduce_scatter_to_sequence,
+)
 
 
 class _Regather:
@@ -92,7 +97,7 @@ class SequenceParallelRegion(TensorParallelRegion):
         positions, so their gradients are partial sums: one all-reduce over one flat buffer completes them."""
         grads = [p.grad for p in model.parameters() if getattr(p, "tp_split_dim", None) is None and p.grad is not None]
         flat = all_reduce_(torch.cat([g.reshape(-1) for g in grads]), self.group)
-        for g, summed in zip(grads, flat.split([g.numel() for g in grads])):
+        for g, summed in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
             g.copy_(summed.view_as(g))
 
 

@@ -223,7 +223,7 @@ def _matches(name: str, pattern: str) -> bool:
     """`blocks.*.attn.q` matches `blocks.3.attn.q`: fnmatch part by part (`*` never spans a dot), as DTensor's
     `parallelize_module` reads the same plan."""
     parts, wanted = name.split("."), pattern.split(".")
-    return bool(name) and len(parts) == len(wanted) and all(fnmatch(a, b) for a, b in zip(parts, wanted))
+    return bool(name) and len(parts) == len(wanted) and all(fnmatch(a, b) for a, b in zip(parts, wanted, strict=True))
 
 
 def _entries(names, inputs) -> list[str]:

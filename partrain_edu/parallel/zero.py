@@ -12,6 +12,12 @@ the end of every backward unless in `no_sync()` (m per step with m micro-batches
 The inner optimizer steps this rank's *pieces* of the parameters, so an elementwise update (SGD, Adam, AdamW, …)
 is the single-process one, parameter by parameter (param groups, a `step` each, none without a gradient); frozen
 parameters are left out. Clip with `opt.clip_grad_norm_` (a norm of `p.grad` is refused: clipping.py).
+
+Read zero_naive.py first: the same three steps on one flat buffer of the whole model, in 80 lines. What each
+addition here is for: pieces per parameter (param groups, a `step` each, a parameter without a gradient left alone,
+where one flat shard would move it); one buffer per dtype (mixed dtypes); stage 2's reduce-scatter at the end of
+each backward (full gradients never outlive it, micro-batches included); `no_sync()`; `clip_grad_norm_`; and
+`state_dict()` in one process's format (zero_state.py).
 """
 from __future__ import annotations
 
@@ -114,9 +120,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
             part = flat.reduce_scatter_mean(flat.flatten(grads))   # (s,) all ranks, even with no gradient
             mine = self._grads[id(flat)]
             self._grads[id(flat)] = part if mine is None else mine.add_(part)
-            self._used[id(flat)] = [u or g is not None for u, g in zip(self._used[id(flat)], grads)]
+            self._used[id(flat)] = [u or g is not None for u, g in zip(self._used[id(flat)], grads, strict=True)]
             if self.stage == 2:                                 # a placeholder: torch's clip is refused
-                for p, g in zip(flat.params, grads):
+                for p, g in zip(flat.params, grads, strict=True):
                     p.grad = None if g is None else clipping.placeholder(p, clipping.ZERO_STAGE2)
 
     @torch.no_grad()

@@ -80,7 +80,7 @@ def backward_input(out, grad, inp, recorded) -> tuple[torch.Tensor | None, list]
     dys = grads[1:] if inp.requires_grad else grads
     # W needs each output's place in the graph (an edge), not its values: those are freed now, unless saved
     return (grads[0] if inp.requires_grad else None), [(mod, get_gradient_edge(y), dy)
-                                                       for (mod, y), dy in zip(ys, dys) if dy is not None]
+                                                       for (mod, y), dy in zip(ys, dys, strict=True) if dy is not None]
 
 
 def backward_weight(pending) -> None:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 def mirror_hyperparameters(source: list[dict], target: list[dict], missing_only: bool = False) -> None:
     """Copy every key but "params" of each param group in `source` into the same group of `target` (only the
     keys `target` lacks, when `missing_only`): the outer groups an LR scheduler writes, the inner ones that step."""
-    for src, dst in zip(source, target):
+    for src, dst in zip(source, target, strict=True):
         for key, value in src.items():
             if key != "params" and not (missing_only and key in dst):
                 dst[key] = value
@@ -49,7 +49,7 @@ def full_state_dict(opt) -> dict:
                 [{k: v for k, v in st.items() if not _per_element(v)} for st in pieces])   # the scalars
         everyone = [None] * dist.get_world_size(opt.group)
         dist.all_gather_object(everyone, mine, group=opt.group)
-        stepped, keys, scalars = zip(*everyone)                                # each: one entry per rank
+        stepped, keys, scalars = zip(*everyone, strict=True)                                # each: one entry per rank
         full = {k: flat.gather_state([st.get(k) for st in pieces]) for k in sorted(set().union(*keys))}
         for i, p in enumerate(flat.params):
             holder = next((r for r, held in enumerate(stepped) if held[i]), None)

@@ -22,7 +22,7 @@
 | pp-interleaved | strategies.pipeline  | pipeline.PipelineExecutor        | 2 chunks of layers / the same             |
 | pp-zb1         | strategies.pipeline  | pipeline.PipelineExecutor (B, W) | layers / activations, their gradients     |
 | torch-pp       | strategies.torch_pp  | torch's Schedule1F1B             | layers / activations, their gradients     |
-| torch-pp-zb    | strategies.torch_pp  | torch's ScheduleInterleavedZeroBubble | layers / activations, their gradients |
+| torch-pp-zb    | strategies.torch_pp  | torch's ScheduleInterleavedZeroBubble | layers / activations, gradients |
 | 3d             | strategies.hybrid    | hybrid grid + tensor + pipeline  | all three / each in its own group         |
 | 3d-mesh        | strategies.hybrid    | the same, on init_device_mesh    | all three / each in its own group         |
 | cp             | strategies.context   | context.RingAttention            | sequence / K, V blocks around the ring    |
@@ -34,8 +34,17 @@
 
 `tests/test_layering.py` checks that this table and the registry agree.
 """
-from partrain_edu.strategies.base import (LEARNING_RATE, STRATEGIES, STRATEGY_MODULES, Strategy, data_parallel_batch,
-                                          get_strategy, register, strategies, tensor_bytes)
+from partrain_edu.strategies.base import (
+                                          LEARNING_RATE,
+                                          STRATEGIES,
+                                          STRATEGY_MODULES,
+                                          Strategy,
+                                          data_parallel_batch,
+                                          get_strategy,
+                                          register,
+                                          strategies,
+                                          tensor_bytes,
+)
 
 __all__ = ["LEARNING_RATE", "STRATEGIES", "STRATEGY_MODULES", "Strategy", "data_parallel_batch", "get_strategy",
            "register", "strategies", "tensor_bytes"]

@@ -20,7 +20,7 @@ import dataclasses
 
 from partrain_edu import topology
 from partrain_edu.config import TrainConfig
-from partrain_edu.parallel.context import RingAttention, Sharding, ShardedPositions
+from partrain_edu.parallel.context import RingAttention, ShardedPositions, Sharding
 from partrain_edu.parallel.ddp import DistributedDataParallel
 from partrain_edu.strategies.base import Strategy, register
 

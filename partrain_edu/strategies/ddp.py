@@ -14,8 +14,12 @@ one call per parameter, no overlap.
 """
 from __future__ import annotations
 
-from partrain_edu.parallel.ddp import (DEFAULT_BUCKET_CAP_BYTES, DistributedDataParallel, allreduce_per_parameter,
-                                       broadcast_parameters)
+from partrain_edu.parallel.ddp import (
+    DEFAULT_BUCKET_CAP_BYTES,
+    DistributedDataParallel,
+    allreduce_per_parameter,
+    broadcast_parameters,
+)
 from partrain_edu.strategies.base import Strategy, register
 
 

@@ -126,7 +126,7 @@ def emulate(strategy) -> None:
         if strategy.schedule.split_backward:   # ZB: B and W are a backward's two products apart, one forward each
             strategy.executor.charged = charged_apart(em, forward)
         else:                                  # the forward, and twice it as the backward starts (compute.py)
-            for chunk, seconds in zip(strategy.chunks, forward):
+            for chunk, seconds in zip(strategy.chunks, forward, strict=True):
                 em.charge(chunk, seconds)
         # forward + backward (2×) of every micro-batch through an average stage: the same scale on every rank
         per_step = 3 * m * layer * cfg.model.n_layer / strategy.pp

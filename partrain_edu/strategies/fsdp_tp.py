@@ -29,8 +29,7 @@ from partrain_edu.data import data_parallel_slice, split_microbatches
 from partrain_edu.models import TinyGPT
 from partrain_edu.parallel.fsdp import FullyShardedDataParallel
 from partrain_edu.parallel.tensor import TensorParallelRegion, vocab_parallel_cross_entropy
-from partrain_edu.strategies.base import (Strategy, check_global_batch, in_flag_words, optimizer_state_tensors,
-                                          register)
+from partrain_edu.strategies.base import Strategy, check_global_batch, in_flag_words, optimizer_state_tensors, register
 from partrain_edu.strategies.tensor import check_divisible, parallelize_tinygpt
 from partrain_edu.strategies.torch_tp import dtensor_parallelize_tinygpt
 from partrain_edu.train_checks import fsdp_tp_degrees

@@ -14,7 +14,6 @@ average is the global batch's gradient: the losses equal `single`'s. `3d-mesh` t
 """
 from __future__ import annotations
 
-
 from partrain_edu.config import TrainConfig
 from partrain_edu.data import data_parallel_slice
 from partrain_edu.models import TinyGPT

@@ -106,7 +106,7 @@ class NaiveDataParallel(Strategy):
         moved["scatter inputs"] += sum(tensor_bytes([t]) for t in xs[1:])
         with torch.no_grad():                                          # 2. replicate
             for replica in self.replicas[1:]:
-                for mine, master in zip(replica.parameters(), self.model.parameters()):
+                for mine, master in zip(replica.parameters(), self.model.parameters(), strict=True):
                     mine.copy_(master)
                     mine.grad = None
         moved["replicate parameters"] += (n - 1) * self.param_bytes
@@ -120,7 +120,7 @@ class NaiveDataParallel(Strategy):
         in_threads(lambda k: outs[k].backward(grads[k]), range(n))     # 6. backward in each replica
         with torch.no_grad():                                          # 7. reduce onto device 0
             for replica in self.replicas[1:]:
-                for master, mine in zip(self.model.parameters(), replica.parameters()):
+                for master, mine in zip(self.model.parameters(), replica.parameters(), strict=True):
                     if mine.grad is not None:
                         master.grad = mine.grad.clone() if master.grad is None else master.grad.add_(mine.grad)
         moved["reduce gradients"] += (n - 1) * self.param_bytes

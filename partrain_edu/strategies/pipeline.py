@@ -25,8 +25,14 @@ import torch.nn as nn
 from partrain_edu.config import TrainConfig
 from partrain_edu.data import SyntheticTokens
 from partrain_edu.models import TinyGPT
-from partrain_edu.parallel.pipeline import (PipelineExecutor, Stage, gather_timeline, infer_boundaries,
-                                            measured_bubble, split_layers)
+from partrain_edu.parallel.pipeline import (
+    PipelineExecutor,
+    Stage,
+    gather_timeline,
+    infer_boundaries,
+    measured_bubble,
+    split_layers,
+)
 from partrain_edu.parallel.pp_comm import Mailbox
 from partrain_edu.strategies.base import Strategy, get_strategy, register
 from partrain_edu.strategies.emulation import emulate

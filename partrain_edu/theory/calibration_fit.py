@@ -41,7 +41,7 @@ def _loss(runs, fitted: dict) -> float:
     """Σ log²(predicted / reported), each source's rows weighing one source in all."""
     sources = [source_of(run) for run in runs]
     return sum(math.log(predicted_metric(run, fitted) / run.reported) ** 2 / sources.count(source)
-               for run, source in zip(runs, sources))
+               for run, source in zip(runs, sources, strict=True))
 
 
 def _search(f, lo: float, hi: float, steps: int = 30) -> float:
@@ -68,8 +68,8 @@ def fit(runs=None, rounds: int = 3) -> dict:
     fitted = {"shared": dict(START)}
     for _ in range(rounds):
         for key, (lo, hi) in BOUNDS.items():
-            def loss(v, key=key):
-                return _loss(runs, {"shared": {**fitted["shared"], key: v}})
+            def loss(v, key=key, shared=fitted["shared"]):
+                return _loss(runs, {"shared": {**shared, key: v}})
             fitted = {"shared": {**fitted["shared"], key: _search(loss, lo, hi)}}
     return {"shared": {k: float(f"{v:.4g}") for k, v in fitted["shared"].items()}}
 

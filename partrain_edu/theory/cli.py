@@ -20,8 +20,16 @@ from __future__ import annotations
 
 import argparse
 
-from partrain_edu.theory.cli_model import (DEGREES, add_estimate, add_layout_flags, add_model_flags, add_stack_flags,
-                                           emit, layout_from, model_from)
+from partrain_edu.theory.cli_model import (
+    DEGREES,
+    add_estimate,
+    add_layout_flags,
+    add_model_flags,
+    add_stack_flags,
+    emit,
+    layout_from,
+    model_from,
+)
 from partrain_edu.theory.hardware import canonical
 from partrain_edu.theory.layout import STACK
 from partrain_edu.theory.memory import OPTIMIZERS, PRECISIONS, RECOMPUTE, estimate_memory

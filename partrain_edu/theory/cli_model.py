@@ -1,6 +1,7 @@
 """The ``estimate`` subcommand, and the model, device and layout flags it shares with ``plan``.
 
-    partrain-edu estimate --model llama3-405b --device h100-sxm --tp 8 --pp 16 --vpp 8 --dp 64 --zero 2 --global-batch 2048
+    partrain-edu estimate --model llama3-405b --device h100-sxm --tp 8 --pp 16 --vpp 8 --dp 64 --zero 2 \\
+        --global-batch 2048
     partrain-edu estimate --layers 24 --hidden 2048 --heads 16 --vocab 50257 --seq 2048 --device a100 --dp 8 --json
 
 A model is a preset (``--model``, `model_spec.MODELS`, whose fields single flags may override: ``--seq 131072``) or
@@ -41,7 +42,8 @@ def add_layout_flags(p: argparse.ArgumentParser, positive_int, defaults: bool = 
         g.add_argument("--" + name, type=positive_int, default=1 if defaults else None,
                        help="parallel degree" + (" (default 1)" if defaults else ""))
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0 if defaults else None)
-    g.add_argument("--micro-batch", type=positive_int, default=1 if defaults else None, help="sequences per micro-batch")
+    g.add_argument("--micro-batch", type=positive_int, default=1 if defaults else None,
+                   help="sequences per micro-batch")
     g.add_argument("--recompute", choices=RECOMPUTE, default="none" if defaults else None)
     g.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b; interleaved with --vpp)")
 

@@ -1,6 +1,7 @@
 """One layout of one model on one device: memory per GPU, whether it fits, step time, throughput, MFU.
 
-    partrain-edu estimate --model llama3-405b --device h100-sxm --tp 8 --pp 16 --dp 64 --zero 2 --global-batch 2048 --json
+    partrain-edu estimate --model llama3-405b --device h100-sxm --tp 8 --pp 16 --dp 64 --zero 2 \\
+        --global-batch 2048 --json
 
 Memory is `layout_memory.fullest_stage`, time `step_time.step_time` with the device's fitted efficiency
 (`calibration`). **MFU** counts the model's FLOPs per token (`ModelSpec.flops_per_token("none")`) over the GPUs'

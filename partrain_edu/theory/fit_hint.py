@@ -16,7 +16,6 @@ from partrain_edu.theory.layout import Layout
 from partrain_edu.theory.layout_memory import TIGHT
 from partrain_edu.theory.model_spec import ModelSpec
 
-
 LADDER = ("none", "selective", "full")
 
 

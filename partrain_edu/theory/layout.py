@@ -148,7 +148,7 @@ def stage_layers(layers: int, stages: int) -> list[int]:
         raise ValueError(f"a pipeline of {stages} stages needs 1 to {layers} of the model's layers")
     per = -(-layers // stages)
     counts, short = [per] * stages, per * stages - layers      # short < stages
-    ends_first = [i for pair in zip(range(stages - 1, -1, -1), range(stages)) for i in pair]
+    ends_first = [i for pair in zip(range(stages - 1, -1, -1), range(stages), strict=True) for i in pair]
     for i in ends_first[:short]:                               # distinct while short < stages
         counts[i] -= 1
     return counts

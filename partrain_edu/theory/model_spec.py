@@ -53,7 +53,8 @@ class ModelSpec:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be a whole number ≥ 0, got {value!r}")
         if self.hidden % self.heads:
-            raise ValueError(f"--hidden {self.hidden} is not divisible by --heads {self.heads}; pick heads that divide it")
+            raise ValueError(f"--hidden {self.hidden} is not divisible by --heads {self.heads}; "
+                             "pick heads that divide it")
         if self.heads % self.kv:
             raise ValueError(f"--heads {self.heads} is not divisible by --kv-heads {self.kv}: each KV head serves "
                              "a whole group of query heads")

@@ -47,7 +47,7 @@ def switch_aux_loss(f: list[float], P: list[float], alpha: float = 0.01) -> floa
     does not measure balance (read f, or `imbalance`); its gradient α·E·f_i does the balancing."""
     if len(f) != len(P) or not f:
         raise ValueError(f"f and P need one entry per expert, got {len(f)} and {len(P)}")
-    return alpha * len(f) * sum(a * b for a, b in zip(f, P))
+    return alpha * len(f) * sum(a * b for a, b in zip(f, P, strict=True))
 
 
 def imbalance(load: list[int]) -> float:

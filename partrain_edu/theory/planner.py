@@ -1,4 +1,5 @@
-"""Which layout for this model on these GPUs? Every layout that fits, priced by the calibrated model; the simplest good one.
+"""Which layout for this model on these GPUs? Every layout that fits, priced by the calibrated model; the simplest
+good one.
 
     partrain-edu plan --params 13B --gpus 8 --gpu-memory 80GB --json      # → fsdp, ZeRO-3 over 8
     partrain-edu plan --model llama3-405b --device h100-sxm --gpus 16384 --global-batch 2048
@@ -173,7 +174,8 @@ def _spreads(model: ModelSpec, gpus: int, gpus_per_node: int, global_batch: int,
     framework's features (`STACK`) of `stack` (default: flash attention, sequence parallel, fp32 gradients) and
     its ZeRO stage only, when given."""
     framework = {"network_gbps": net} | ({k: getattr(stack, k) for k in STACK} if stack else {}) | (features or {})
-    cps = [c for c in _powers_of_two(gpus) if c == 1 or (model.seq // c >= MIN_CP_POSITIONS and model.seq % (2 * c) == 0)]
+    cps = [c for c in _powers_of_two(gpus)
+           if c == 1 or (model.seq // c >= MIN_CP_POSITIONS and model.seq % (2 * c) == 0)]
     for tp in (t for t in _powers_of_two(min(gpus_per_node, gpus)) if model.heads % t == 0):
         for cp in (c for c in cps if tp * c <= gpus and (model.seq // c) % tp == 0):
             degrees = sorted(set(PIPELINE_DEGREES) | {d for d in range(1, model.layers + 1) if model.layers % d == 0})

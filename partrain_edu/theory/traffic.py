@@ -119,7 +119,7 @@ def bucketed_backward_end(backward_s: float, bucket_comm_s: list[float], ready_s
     the extra buckets' α."""
     k, end = len(bucket_comm_s), 0.0
     ready_s = ready_s if ready_s is not None else [backward_s * (i + 1) / k for i in range(k)]
-    for ready, comm in zip(ready_s, bucket_comm_s):
+    for ready, comm in zip(ready_s, bucket_comm_s, strict=True):
         end = max(ready, end) + comm
     return max(end, backward_s)
 

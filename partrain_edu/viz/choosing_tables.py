@@ -14,8 +14,16 @@ from __future__ import annotations
 
 from typing import Callable
 
-from partrain_edu.theory.planner import (FAMILIES, GLOBAL_BATCH, MIN_CP_POSITIONS, SEQ, SIMPLICITY_MARGIN, Layout,
-                                         assumed_shape, plan)
+from partrain_edu.theory.planner import (
+    FAMILIES,
+    GLOBAL_BATCH,
+    MIN_CP_POSITIONS,
+    SEQ,
+    SIMPLICITY_MARGIN,
+    Layout,
+    assumed_shape,
+    plan,
+)
 from partrain_edu.units import parse_size
 
 

@@ -29,7 +29,7 @@ def stream_schedule(ready_s: list[float], comm_s: list[float]) -> list[tuple[flo
     """(start, end) of each bucket's all-reduce on one communication stream: bucket i starts when it is ready
     and the previous one has ended (`theory.traffic.bucketed_backward_end` returns the last end)."""
     spans, free = [], 0.0
-    for ready, comm in zip(ready_s, comm_s):
+    for ready, comm in zip(ready_s, comm_s, strict=True):
         start = max(ready, free)
         free = start + comm
         spans.append((start, free))
@@ -45,11 +45,11 @@ def overlap_figure(runs: dict, caption: str = ""):
     heights = [len(run["timeline"]["buckets"]) + 1 for run in runs.values()]
     fig, axes = plt.subplots(len(runs), 1, figsize=(9, 1.2 + 0.45 * sum(heights)), sharex=True,
                              height_ratios=heights, squeeze=False)
-    for ax, (name, run) in zip(axes[:, 0], runs.items()):
+    for ax, (name, run) in zip(axes[:, 0], runs.items(), strict=True):
         t = run["timeline"]
         ready = [b["launched"] for b in t["buckets"]]
         ax.barh(0, t["compute_end"] * MS, color=BACKWARD, label="backward compute")
-        for k, ((start, end), r) in enumerate(zip(stream_schedule(ready, run["comm_s"]), ready), start=1):
+        for k, ((start, end), r) in enumerate(zip(stream_schedule(ready, run["comm_s"]), ready, strict=True), start=1):
             ax.barh(k, (start - r) * MS, left=r * MS, color=lighten(GRADS, 0.6),
                     label="ready, waiting for the stream" if k == 1 else None)
             ax.barh(k, (end - start) * MS, left=start * MS, color=GRADS, label="all-reduce" if k == 1 else None)

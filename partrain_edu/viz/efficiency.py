@@ -17,8 +17,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from partrain_edu.theory.efficiency import (AXES, DEFAULT_LINKS, arithmetic_intensity, attainable_flops, axis_cost,
-                                            ridge_point)
+from partrain_edu.theory.efficiency import (
+    AXES,
+    DEFAULT_LINKS,
+    arithmetic_intensity,
+    attainable_flops,
+    axis_cost,
+    ridge_point,
+)
 from partrain_edu.theory.hardware import DEVICES
 from partrain_edu.viz._app import Section, WidgetApp, toggles
 from partrain_edu.viz.palette import ACTIVATIONS, FITS, GRADS, INK, OVER, PARAMS, clean, rank_color
@@ -68,7 +74,7 @@ def roofline_figure(matmuls: dict[str, tuple[int, int, int]], devices=("a100", "
 
 def _measured_panel(ax, measured: dict) -> None:
     """A timed machine's matmuls (dots) under the roof of its best measured FLOP/s and its read bandwidth."""
-    xs, ys = zip(*measured["samples"])
+    xs, ys = zip(*measured["samples"], strict=True)
     grid = np.logspace(np.log10(min(xs)) - 0.5, np.log10(max(xs)) + 0.5, 200)
     roof = np.minimum(measured["peak"], grid * measured["bandwidth"]) / 1e9
     ax.plot(grid, roof, color=INK, lw=2, label="roof: best matmul, read bandwidth")

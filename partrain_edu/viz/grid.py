@@ -6,6 +6,8 @@ leaves its node is thick.
 """
 from __future__ import annotations
 
+import itertools
+
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
@@ -29,7 +31,7 @@ def grid_figure(sizes: dict[str, int], gpus_per_node: int, orders: dict[str, tup
     world = grid.world_size(sizes)
     nodes = -(-world // gpus_per_node)
     fig, panels = plt.subplots(len(orders), 1, figsize=(1.1 * world + 1.5, 2.6 * len(orders)), squeeze=False)
-    for ax, (name, order) in zip(panels[:, 0], orders.items()):
+    for ax, (name, order) in zip(panels[:, 0], orders.items(), strict=True):
         def x(r: int) -> float:
             return r * 1.1 + (r // gpus_per_node) * 0.6     # a gap between nodes
         for n in range(nodes):
@@ -39,7 +41,7 @@ def grid_figure(sizes: dict[str, int], gpus_per_node: int, orders: dict[str, tup
         for level, dim in enumerate(order):
             color, ls, label = STYLE[dim]
             for members in grid.group_ranks(dim, sizes, order):
-                for a, b in zip(members, members[1:]):
+                for a, b in itertools.pairwise(members):
                     thick = a // gpus_per_node != b // gpus_per_node
                     ax.annotate("", xy=(x(b), 0), xytext=(x(a), 0), arrowprops=dict(
                         arrowstyle="-", linestyle=ls, color=color, lw=4 if thick else 1.8,
@@ -51,7 +53,10 @@ def grid_figure(sizes: dict[str, int], gpus_per_node: int, orders: dict[str, tup
         across = [d for d in order if crossing(d, sizes, order, gpus_per_node)] or ["nothing"]
         ax.set_title(f"{name}: {', '.join(order)} (outermost first) — across nodes: {', '.join(across)}",
                      fontsize=10, color=INK)
-        ax.set_xlim(-1, x(world - 1) + 1); ax.set_ylim(-0.8, 2.2); ax.set_xticks([]); ax.set_yticks([])
+        ax.set_xlim(-1, x(world - 1) + 1)
+        ax.set_ylim(-0.8, 2.2)
+        ax.set_xticks([])
+        ax.set_yticks([])
         clean(ax, keep=())
     panels[-1, 0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.05), ncol=3, frameon=False, fontsize=8)
     fig.tight_layout()

@@ -21,8 +21,15 @@ from matplotlib.patches import Patch, Rectangle
 from partrain_edu.theory.memory import BYTES_PER_PARAM, MemoryEstimate, estimate_memory
 from partrain_edu.theory.planner import assumed_shape
 from partrain_edu.units import format_bytes, format_count, parse_size
-from partrain_edu.viz._app import (DEVICE_MEMORY, POWERS_OF_TWO, Section, WidgetApp, link_model_preset,
-                                   model_controls, toggles)
+from partrain_edu.viz._app import (
+    DEVICE_MEMORY,
+    POWERS_OF_TWO,
+    Section,
+    WidgetApp,
+    link_model_preset,
+    model_controls,
+    toggles,
+)
 from partrain_edu.viz._render import Layered
 from partrain_edu.viz.palette import ACTIVATIONS, FITS, GRADS, INK, OPTIMIZER, OVER, PARAMS, clean
 
@@ -71,7 +78,7 @@ def _frame(estimates: list[MemoryEstimate], title: str) -> Figure:
         raise ValueError("give four estimates, for ZeRO stages 0–3")
     fig, ax = plt.subplots(figsize=(10, 4.9))
     fig.subplots_adjust(left=0.07, right=0.86, top=0.8 if "\n" in title else 0.85, bottom=0.17)
-    ax.set_xticks(range(4), [f"{n}\n{d}" for n, d in zip(STAGE_NAMES, STAGE_NOTES)], fontsize=9)
+    ax.set_xticks(range(4), [f"{n}\n{d}" for n, d in zip(STAGE_NAMES, STAGE_NOTES, strict=True)], fontsize=9)
     ax.set_xlim(-0.5, 3.5)
     ax.set_ylabel("GB per device")
     clean(ax)
@@ -110,12 +117,12 @@ def _data(fig: Figure, estimates: list[MemoryEstimate], selected: int, device_by
         heights = [getattr(e, f"{key}_bytes") / 1e9 for e in estimates]
         bars = ax.bar(range(4), heights, 0.62, bottom=bottom, color=color, label=label, edgecolor="white", lw=1)
         added.append(bars)
-        for stage, (bar, h) in enumerate(zip(bars, heights)):
+        for stage, (bar, h) in enumerate(zip(bars, heights, strict=True)):
             bar.set_alpha(1.0 if stage == selected else 0.4)
             if h >= 0.05 * top:  # the value, where it fits inside the segment
                 added.append(ax.text(stage, bottom[stage] + h / 2, _gb(h), ha="center", va="center",
                                      color="white", fontsize=10, fontweight="bold"))
-        bottom = [b + h for b, h in zip(bottom, heights)]
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     for stage, total in enumerate(bottom):
         added.append(ax.text(stage, total + top * 0.015, f"{_gb(total)} GB", ha="center", va="bottom", fontsize=11,
                              fontweight="bold", color=FITS if total <= device else OVER,
@@ -195,8 +202,9 @@ def memory_widget(params: str = "7.5B", dp: int = 1, zero: int = 0, device: str 
         "zero": toggles([(n, z) for z, n in enumerate(STAGE_NAMES)], zero, "ZeRO stage", "80px"),
         "precision": toggles(["mixed", "fp32"], "mixed", "precision", "70px"),
         "optimizer": toggles(["adam", "sgd"], "adam", "optimizer"),
-        "micro_batch": w.Dropdown(options=[("off", 0)] + [(str(b), b) for b in (1, 2, 4, 8, 16)], value=0, description="activations: micro-batch",
-                                  style={"description_width": "initial"}, layout=w.Layout(width="250px")),
+        "micro_batch": w.Dropdown(options=[("off", 0)] + [(str(b), b) for b in (1, 2, 4, 8, 16)], value=0,
+                                  description="activations: micro-batch", style={"description_width": "initial"},
+                                  layout=w.Layout(width="250px")),
         "seq": w.Dropdown(options=[512, 1024, 2048, 4096, 8192], value=2048, description="sequence",
                           style={"description_width": "initial"}, layout=w.Layout(width="160px")),
         "recompute": toggles(["none", "selective", "full"], "none", "recompute", "90px"),

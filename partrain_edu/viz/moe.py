@@ -19,7 +19,7 @@ def load_figure(loads: dict[str, list[int]], capacity: int | None = None, unit: 
     """One panel per case: a bar per expert (coloured as its rank), the mean as a dashed line, and the
     capacity (rows an expert may take) as a red line when given."""
     fig, axes = plt.subplots(1, len(loads), figsize=(3.2 * len(loads), 2.6), sharey=True, squeeze=False)
-    for ax, (label, load) in zip(axes[0], loads.items()):
+    for ax, (label, load) in zip(axes[0], loads.items(), strict=True):
         ax.bar(range(len(load)), load, color=[rank_color(i) for i in range(len(load))])
         mean = sum(load) / len(load)
         ax.axhline(mean, color=INK, linestyle="--", linewidth=1)

@@ -23,7 +23,7 @@ def parallel_axes_figure(devices: int = 4, layers: int = 4) -> Figure:
     if devices < 1 or layers < 1:
         raise ValueError("devices and layers must be positive")
     fig, panels = plt.subplots(1, 3, figsize=(13, 4.6))
-    for kind, (ax, (title, splits, traffic)) in enumerate(zip(panels, AXES)):
+    for kind, (ax, (title, splits, traffic)) in enumerate(zip(panels, AXES, strict=True)):
         for d in range(devices):
             x0 = d * 1.25
             for layer in range(layers):

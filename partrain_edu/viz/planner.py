@@ -21,11 +21,19 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from partrain_edu.theory.hardware import device_named
-from partrain_edu.theory.step_time import axis_link
 from partrain_edu.theory.planner import Plan, plan
+from partrain_edu.theory.step_time import axis_link
 from partrain_edu.theory.traffic import LINKS, step_traffic
 from partrain_edu.units import format_bytes, format_count, parse_size
-from partrain_edu.viz._app import DEVICE_MEMORY, POWERS_OF_TWO, Section, WidgetApp, link_model_preset, model_controls, toggles
+from partrain_edu.viz._app import (
+    DEVICE_MEMORY,
+    POWERS_OF_TWO,
+    Section,
+    WidgetApp,
+    link_model_preset,
+    model_controls,
+    toggles,
+)
 from partrain_edu.viz._render import Layered
 from partrain_edu.viz.palette import ACTIVATIONS, FITS, GRADS, INK, OPTIMIZER, OVER, PARAMS, TRANSIENT, clean
 from partrain_edu.viz.traffic import LINK_NAMES
@@ -62,7 +70,8 @@ def layout_traffic(chosen: Plan, params: int, gpus: int, gpus_per_node: int, int
     dp_name = "ddp" if lay.zero == 0 else f"zero{lay.zero}"
     rows = [(f"TP all-reduces (tp={lay.tp})", step_traffic("tp", tp=lay.tp, pp=lay.pp, **kw), "tp"),
             (f"PP sends (pp={lay.pp})", step_traffic("pp", pp=lay.pp, **kw), "pp"),
-            (f"DP {'all-reduce' if lay.zero == 0 else f'ZeRO-{lay.zero}'} (dp={lay.dp}{f' × cp={lay.cp}' if lay.cp > 1 else ''})",
+            (f"DP {'all-reduce' if lay.zero == 0 else f'ZeRO-{lay.zero}'} "
+             f"(dp={lay.dp}{f' × cp={lay.cp}' if lay.cp > 1 else ''})",
              # as the planner prices it: a cp plan reduces its replicated gradients over dp × cp
              step_traffic(dp_name, params, dp=lay.dp * lay.cp, tp=lay.tp, pp=lay.pp, microbatches=lay.microbatches),
              "dp")]
@@ -88,7 +97,8 @@ def _top(chosen: Plan, gpu_memory: int) -> float:
 
 def _frame(gpu_memory: int, top: float) -> Figure:
     """What depends only on the GPU's memory: both axes, the memory scale and legend, the GPU's lines."""
-    fig, (mem_ax, net_ax) = plt.subplots(1, 2, figsize=(11.5, 4.2), gridspec_kw={"width_ratios": [1.15, 2], "wspace": 0.5})
+    fig, (mem_ax, net_ax) = plt.subplots(1, 2, figsize=(11.5, 4.2),
+                                         gridspec_kw={"width_ratios": [1.15, 2], "wspace": 0.5})
     fig.subplots_adjust(left=0.06, right=0.97, top=0.78, bottom=0.13)
     # in the frame, under the bars: a chosen layout fits below the GPU line, so no bar reaches it
     mem_ax.axhline(gpu_memory / 1e9, color=INK, ls="--", lw=1.3)

@@ -136,7 +136,7 @@ def residual_figure(rows: list[Held], tolerance: float = 0.15) -> Figure:
     devices = sorted({h.run.device for h in rows})
     fig, ax = plt.subplots(figsize=(11, 4))
     ax.axhspan(-tolerance, tolerance, color=FITS, alpha=0.08, lw=0)
-    for i, (source, members) in enumerate(groups.items()):
+    for i, members in enumerate(groups.values()):
         for j, h in enumerate(members):
             x = i + ((j * 0.618) % 1 - 0.5) * 0.6 if len(members) > 1 else i    # spread, not random
             ax.plot(x, h.error, "o", ms=4, alpha=0.75, color=RANKS[devices.index(h.run.device)])

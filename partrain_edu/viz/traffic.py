@@ -108,7 +108,7 @@ def _data(fig: Figure, traffic: dict, degrees: dict[str, int], measured: dict[st
                   + [sum(op["bytes"] for op in comm.values()) for comm in (measured or {}).values()] + [1])
     unit, scale = next((u, f) for u, f in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1)) if largest >= f or f == 1)
     seen, pieces, added = {}, [], [bars.spines["left"]]  # the spine over the bars' white edges, as a full draw
-    for y, (key, label) in enumerate(rows):
+    for y, (key, _) in enumerate(rows):
         left = 0
         for c in traffic[key].collectives:
             what, color = MOVES[c.op, key in MODEL_AXES]
@@ -124,7 +124,7 @@ def _data(fig: Figure, traffic: dict, degrees: dict[str, int], measured: dict[st
             added.append(bars.text(got / scale, y - 0.42, f"measured {format_bytes(got)} {same}", fontsize=8,
                                    ha="left", va="bottom"))
     if pieces:  # one call for every piece: one container, drawn in the order the rows stack them
-        ys, widths, lefts, colors = zip(*pieces)
+        ys, widths, lefts, colors = zip(*pieces, strict=True)
         added.append(bars.barh(ys, widths, left=lefts, color=colors, height=0.62, edgecolor="white"))
     bars.set_yticks(range(len(rows)), [f"{label} ({degree_text(key, degrees)})" if degrees else label
                                         for key, label in rows], fontsize=9)
@@ -188,8 +188,10 @@ def _strategy_drawer(measured: dict | None):
                                  lambda fig: _data(fig, traffic, kw, measured, title))
         ratio = traffic["zero3"].per_rank_bytes_sent / max(traffic["ddp"].per_rank_bytes_sent, 1)
         sentence = (f"DDP sends {format_bytes(traffic['ddp'].per_rank_bytes_sent)} per step; ZeRO-3 "
-                    f"{ratio:.2g}× that" + (" (1.5× at one micro-batch: the extra all-gather)" if v["microbatches"] == 1 else "")
-                    + f". On 1 GbE the DDP all-reduce alone takes {_seconds(link_time(traffic['ddp'].per_rank_bytes_sent, '1gbe'))}.")
+                    f"{ratio:.2g}× that"
+                    + (" (1.5× at one micro-batch: the extra all-gather)" if v["microbatches"] == 1 else "")
+                    + ". On 1 GbE the DDP all-reduce alone takes "
+                    + f"{_seconds(link_time(traffic['ddp'].per_rank_bytes_sent, '1gbe'))}.")
         return fig, sentence, png
     return draw
 
@@ -207,7 +209,8 @@ def traffic_widget(op: str = "all_reduce", ranks: int = 4, params: str = "7.5B",
         "play": w.Play(value=0, min=0, max=n_steps, interval=1200, description="play"),
         "step": w.IntSlider(0, min=0, max=n_steps, description="step", continuous_update=False, style=style),
         **model_controls(params),
-        "dp": w.SelectionSlider(options=POWERS_OF_TWO, value=dp, description="dp", continuous_update=False, style=style),
+        "dp": w.SelectionSlider(options=POWERS_OF_TWO, value=dp, description="dp", continuous_update=False,
+                                style=style),
         "tp": toggles([1, 2, 4, 8], 8, "tp", "38px"),
         "pp": toggles([1, 2, 4, 8, 16], 4, "pp", "38px"),
         "cp": toggles([1, 2, 4, 8, 16], 4, "cp", "38px"),

@@ -9,7 +9,6 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import unseen_models as um  # noqa: E402
-
 from partrain_edu import runtime  # noqa: E402
 from partrain_edu.parallel.ddp import DistributedDataParallel  # noqa: E402
 

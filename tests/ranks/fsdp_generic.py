@@ -13,7 +13,6 @@ from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import unseen_models as um  # noqa: E402
-
 from partrain_edu import runtime  # noqa: E402
 from partrain_edu.comm import CommTracer  # noqa: E402
 from partrain_edu.parallel.fsdp import FullyShardedDataParallel, MixedPrecision  # noqa: E402
@@ -104,7 +103,8 @@ def one_step_bytes(name, mp):
     sent = {op: v["bytes"] for op, v in tracer.summary().items()}
     gather = 2 if mp else 4
     padded = [f.padded for f in fsdp.flat_shards()]
-    assert all(p == -(-f.numel // n) * n for p, f in zip(padded, fsdp.flat_shards()))   # padded per shard only
+    # padded per shard only
+    assert all(p == -(-f.numel // n) * n for p, f in zip(padded, fsdp.flat_shards(), strict=True))
     theory = {"all_gather_single": sum(2 * (n - 1) * p * gather // n for p in padded),
               "reduce_scatter_single": sum((n - 1) * p * 4 // n for p in padded)}
     return {"sent": sent, "theory": theory, "shards": len(padded)}
@@ -134,7 +134,8 @@ for model in (theirs, ours):
     train("uneven", model, torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1), sliced=True)
 mine = ours.state_dict()
 start = um.build("uneven").state_dict()
-results["uneven vs fully_shard"] = {"params": max(um.rel_diff(mine[k], p.full_tensor()) for k, p in theirs.named_parameters()),
+results["uneven vs fully_shard"] = {"params": max(um.rel_diff(mine[k], p.full_tensor())
+                                                   for k, p in theirs.named_parameters()),
                                     "moved": min(um.rel_diff(mine[k], v) for k, v in start.items())}
 
 if r == 0:

@@ -54,7 +54,7 @@ def micro(step, rank=r, world=n):
     g = torch.Generator().manual_seed(100 + step)
     x, y = torch.randn(ROWS, 8, generator=g), torch.randn(ROWS, 4, generator=g)
     b = ROWS // world
-    return list(zip(x[rank * b:(rank + 1) * b].chunk(K), y[rank * b:(rank + 1) * b].chunk(K)))
+    return list(zip(x[rank * b:(rank + 1) * b].chunk(K), y[rank * b:(rank + 1) * b].chunk(K), strict=True))
 
 
 def one_process():
@@ -144,14 +144,21 @@ full = Stack()
 F.mse_loss(full(x_all), y_all).backward()
 want = {k: p.grad for k, p in full.named_parameters()}
 mine_x, mine_y = (torch.cat([t[i] for t in micro(0)]) for i in (0, 1))
+
+
+def watch(fsdp, unit, phase, seen):
+    """Record (phase, "in"/"out", unit, bytes gathered then) each time `unit` starts and ends a forward."""
+    unit.module.register_forward_pre_hook(
+        lambda m, a: seen.append((phase[0], "in", unit.index, fsdp.gathered_bytes_now)))
+    unit.module.register_forward_hook(
+        lambda m, a, o: seen.append((phase[0], "out", unit.index, fsdp.gathered_bytes_now)))
+
+
 for ckpt in (True, "reentrant", False):
     fsdp = FullyShardedDataParallel(Stack())
     phase, seen = ["forward"], []
     for unit in fsdp.units[1:]:
-        unit.module.register_forward_pre_hook(lambda m, a, u=unit: seen.append((phase[0], "in", u.index,
-                                                                               fsdp.gathered_bytes_now)))
-        unit.module.register_forward_hook(lambda m, a, o, u=unit: seen.append((phase[0], "out", u.index,
-                                                                              fsdp.gathered_bytes_now)))
+        watch(fsdp, unit, phase, seen)
     loss = F.mse_loss(fsdp(mine_x, ckpt=ckpt), mine_y)
     phase[0] = "backward"
     with CommTracer() as tracer:
@@ -183,7 +190,8 @@ fsdp.state_dict()                                           # registers full vie
 results["visible"] = {
     "module": [k for k, _ in fsdp.module.named_parameters()] == names,
     "wrapper": [k for k, _ in fsdp.named_parameters()] == names,
-    "same pieces": all(a is b for (_, a), (_, b) in zip(fsdp.module.named_parameters(), fsdp.named_parameters())),
+    "same pieces": all(a is b for (_, a), (_, b) in zip(fsdp.module.named_parameters(), fsdp.named_parameters(),
+                                                         strict=True)),
     "one dimension": all(p.dim() == 1 for p in fsdp.module.parameters())}
 
 everyone = [None] * n

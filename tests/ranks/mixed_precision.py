@@ -1,7 +1,7 @@
 """Rank side of tests/test_mixed_precision.py. (1) Every unseen model (tests/unseen_models.py) under our DDP
 and our ZeRO-3 with bf16 compute and communication, fp32 master weights and AdamW states, two micro-batches
-(DDP's first under no_sync), against one fp32 process on the whole batch and against one process computing in the same bf16;
-the bytes sent beside fp32 DDP's. (2) The strategies ddp, zero3, torch-fsdp and their -bf16 twins, each
+(DDP's first under no_sync), against one fp32 process on the whole batch and against one process computing in the
+same bf16; the bytes sent beside fp32 DDP's. (2) The strategies ddp, zero3, torch-fsdp and their -bf16 twins, each
 trained by the course's loop (`train.run`): their reports. Rank 0 publishes both.
 Run: torchrun --nproc-per-node 2 tests/ranks/mixed_precision.py."""
 import contextlib
@@ -12,7 +12,6 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import unseen_models as um  # noqa: E402
-
 from partrain_edu import runtime  # noqa: E402
 from partrain_edu.comm import CommTracer  # noqa: E402
 from partrain_edu.parallel.ddp import DistributedDataParallel  # noqa: E402

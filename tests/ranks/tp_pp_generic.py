@@ -13,14 +13,12 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import unseen_tp_pp_models as um  # noqa: E402
-
 from partrain_edu import runtime  # noqa: E402
 from partrain_edu.comm import CommTracer  # noqa: E402
 from partrain_edu.parallel.pipeline import PipelineExecutor, Stage, infer_boundaries, split_layers  # noqa: E402
 from partrain_edu.parallel.pp_comm import Mailbox  # noqa: E402
 from partrain_edu.parallel.sequence import SequenceParallelRegion  # noqa: E402
-from partrain_edu.parallel.tensor import (TensorParallelRegion, full_slice, parallelize,  # noqa: E402
-                                          vocab_parallel_cross_entropy)
+from partrain_edu.parallel.tensor import TensorParallelRegion, full_slice, parallelize, vocab_parallel_cross_entropy  # noqa: E402
 from partrain_edu.theory.schedules import build_schedule  # noqa: E402
 
 ctx = runtime.init()
@@ -57,13 +55,15 @@ gap, complete = grad_gap(ours, full, group)
 res = {"output": diff(y_ours, y_full), "input_grad": diff(x_ours.grad, x_full.grad), "grads": gap,
        "complete": complete, "widths": [ours[0].weight.shape[0], ours[2].weight.shape[1]]}
 
-theirs = parallelize_module(um.plain_mlp(), init_device_mesh("cpu", (n,)), {"0": ColwiseParallel(), "2": RowwiseParallel()})
+theirs = parallelize_module(um.plain_mlp(), init_device_mesh("cpu", (n,)),
+                            {"0": ColwiseParallel(), "2": RowwiseParallel()})
 x_theirs = x.clone().requires_grad_()
 y_theirs = theirs(x_theirs)
 (y_theirs * probe).sum().backward()
 ours_params = dict(ours.named_parameters())
 res["dtensor"] = {"output": diff(y_ours, y_theirs), "input_grad": diff(x_ours.grad, x_theirs.grad),
-                  "local_grads": max(diff(ours_params[k].grad, p.grad.to_local()) for k, p in theirs.named_parameters()),
+                  "local_grads": max(diff(ours_params[k].grad, p.grad.to_local())
+                                     for k, p in theirs.named_parameters()),
                   "local_weights": max(diff(ours_params[k], p.to_local()) for k, p in theirs.named_parameters())}
 out["mlp"] = res
 

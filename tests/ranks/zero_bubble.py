@@ -13,7 +13,6 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import unseen_tp_pp_models as um  # noqa: E402
-
 from partrain_edu import runtime  # noqa: E402
 from partrain_edu.config import TrainConfig  # noqa: E402
 from partrain_edu.parallel.pipeline import PipelineExecutor, Stage, infer_boundaries, split_layers  # noqa: E402

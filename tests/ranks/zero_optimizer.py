@@ -1,18 +1,15 @@
 """Rank side of tests/test_zero_optimizer.py: every unseen model trained by ZeroOptimizer (stages 1 and 2) on
 this rank's slice of the batch, and by a plain optimizer on the whole batch in one process; rank 0 publishes
 the largest differences. Run: torchrun --nproc-per-node N tests/ranks/zero_optimizer.py."""
-import copy
 import os
 import sys
 
 import torch
-import torch.distributed as dist
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import unseen_models as um  # noqa: E402
-
 from partrain_edu import runtime  # noqa: E402
 from partrain_edu.parallel.zero import ZeroOptimizer  # noqa: E402
 

@@ -72,7 +72,7 @@ def _check_calls(i: int, cell) -> list[tuple[str, tuple[str, ...]]]:
     try:
         tree = ast.parse(cell.source)
     except SyntaxError as err:
-        raise ValueError(f"cell {i} is not plain Python ({err.msg}): the manifest reads check calls from it")
+        raise ValueError(f"cell {i} is not plain Python ({err.msg}): the manifest reads check calls from it") from err
     found = []
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "check"):
@@ -137,7 +137,7 @@ def mark_for_nbgrader(solution: nbformat.NotebookNode) -> bool:
     """Write the nbgrader metadata of every cell (and remove it where a cell no longer needs it), in place;
     True when anything changed."""
     changed = False
-    for cell, meta in zip(solution.cells, nbgrader_metadata(solution)):
+    for cell, meta in zip(solution.cells, nbgrader_metadata(solution), strict=True):
         if cell.metadata.get("nbgrader") != meta:
             changed = True
             if meta is None:

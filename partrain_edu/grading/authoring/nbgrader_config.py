@@ -21,8 +21,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from partrain_edu.grading.authoring.make_exercises import (BEGIN, END, OUTPUT_METADATA, ROOT, STUB,
-                                                           refresh_solution)
+from partrain_edu.grading.authoring.make_exercises import BEGIN, END, OUTPUT_METADATA, ROOT, STUB, refresh_solution
 
 CELL_TIMEOUT_S = 600  # a multi-rank check launches ranks and waits up to its own timeout (60 s by default)
 

@@ -174,7 +174,7 @@ def judge(run: Run, budget: int, seen: Reader) -> tuple[int, str] | None:
     if problem:
         return OUTPUT, (problem + ". Hint: run every block once, in order; checkpoint(block, x, use_reentrant=False) "
                         "returns what block(x) does")
-    for (what, want), got in zip(ref["grads"], seen["grads"].items(len(ref["grads"]))):
+    for (what, want), got in zip(ref["grads"], seen["grads"].items(len(ref["grads"])), strict=True):
         problem = differ(f"{where}, {what}", want, got.tensor())
         if problem:
             return GRADS, (problem + ". Hint: the graph must stay connected — no x.detach(), torch.no_grad() or "
@@ -186,7 +186,7 @@ def judge(run: Run, budget: int, seen: Reader) -> tuple[int, str] | None:
                        f"{forward_calls}): call the module itself (or checkpoint(block, x)), not block.forward(x) — "
                        "the check counts calls with forward pre-hooks")
     flops, held = ref["flops"], ref["held"]
-    got, cost = seen["saved_bytes"].count(), sum(k * f for k, f in zip(recomputed, flops))
+    got, cost = seen["saved_bytes"].count(), sum(k * f for k, f in zip(recomputed, flops, strict=True))
     mine = [i for i, k in enumerate(recomputed) if k]
     if got > budget:
         return BYTES, (f"{where}: autograd held {got} B of saved activations for backward, {got - budget} B over the "
@@ -244,7 +244,7 @@ def cost_hint(run: Run, budget: int, mine: list[int], cost: int, fits: dict) -> 
           "every plan that fits (Chen et al. 2016)")
 def verify(me: int, n: int, observed: Reader, *, seed: int) -> list[str]:
     run = run_of(seed)
-    for b, (budget, seen) in enumerate(zip(run.budgets, observed.items(len(run.budgets)))):
+    for b, (budget, seen) in enumerate(zip(run.budgets, observed.items(len(run.budgets)), strict=True)):
         found = judge(run, budget, seen)
         if found:
             return [Problem(found[1], at=(b, found[0]))]

@@ -29,10 +29,17 @@ import math
 import numbers
 from fractions import Fraction
 
-from partrain_edu.grading.checks.communication_bounds_reference import (batch_cases, batch_need, dp_cases, dp_slack,
-                                                                        largest_degree, min_batch, tp_cases, tp_slack)
+from partrain_edu.grading.checks.communication_bounds_reference import (
+    batch_cases,
+    batch_need,
+    dp_cases,
+    dp_slack,
+    largest_degree,
+    min_batch,
+    tp_cases,
+    tp_slack,
+)
 from partrain_edu.grading.registry import register
-
 
 # --- what a learner's answer costs, for the message -------------------------------------------------------------
 
@@ -108,8 +115,8 @@ def _explained(answers: list, truths: list, rules: list) -> str | None:
     answer and stand clear of the right answers (by over 2·slack) in at least `cases` cases; None when none is.
     Rules that fit the same answers are all named: the numbers cannot tell them apart."""
     fits = [text for text, predicted, slack, cases in rules
-            if all(abs(a - p) <= slack for a, p in zip(answers, predicted))
-            and sum(abs(p - t) > 2 * slack for p, t in zip(predicted, truths)) >= cases]
+            if all(abs(a - p) <= slack for a, p in zip(answers, predicted, strict=True))
+            and sum(abs(p - t) > 2 * slack for p, t in zip(predicted, truths, strict=True)) >= cases]
     return None if not fits else fits[0] if len(fits) == 1 else \
         "your answers fit more than one mistake — " + "; or ".join(fits)
 
@@ -130,7 +137,7 @@ def _degree_check(name, fn, cases, slack_of, times, *, what: str, cancels: str, 
                     f"a count of devices: return an int, the largest N whose {what} (round the bound down)"]
         answers.append(int(got))
     slacks = [slack_of(*args) for _, args in cases]
-    wrong = [i for i, (s, got) in enumerate(zip(slacks, answers)) if got != largest_degree(s)]
+    wrong = [i for i, (s, got) in enumerate(zip(slacks, answers, strict=True)) if got != largest_degree(s)]
     if not wrong:
         return []
     i = wrong[0]   # the first case wrong: its numbers are told
@@ -217,7 +224,7 @@ def min_dp_batch_check(min_dp_batch, *, seed: int) -> list[str]:
             return [f"min_dp_batch{args} — {label}: expected the whole number {want}, got {got!r:.40}. Hint: a "
                     "batch is a count of sequences: return an int (round the real-valued bound up)"]
         answers.append(int(got))
-    for i, ((label, args), got) in enumerate(zip(cases, answers)):
+    for i, ((label, args), got) in enumerate(zip(cases, answers, strict=True)):
         want = min_batch(*args)
         if got != want:
             n = args[0]

@@ -129,7 +129,7 @@ def observe(ctx, register_bucket_hooks, *, seed: int) -> list:
           deadlock_hint="Likely: the ranks launch their buckets' all-reduces in different orders or numbers — "
           "every rank must all-reduce the same buckets in the same order.")
 def verify(me: int, n: int, observed: Reader, *, seed: int) -> list[str]:
-    for c, (s, seen) in enumerate(zip(setups(seed), observed.items(len(GROUPS)))):
+    for c, (s, seen) in enumerate(zip(setups(seed), observed.items(len(GROUPS)), strict=True)):
         problem = _verify_setup(c, s, me, seen) if me in s.ranks else None
         if problem:
             return [problem]

@@ -35,7 +35,7 @@ SIXTEEN = ("mixed precision with Adam keeps 16: fp16 weights 2 + fp16 gradients 
 
 
 def reference_total(params: int, dp: int, zero: int) -> int:
-    from partrain_edu.theory.memory import model_state_bytes   # the reference: in the grader only
+    from partrain_edu.theory.memory import model_state_bytes  # the reference: in the grader only
 
     return sum(model_state_bytes(params, dp=dp, zero=zero))
 
@@ -159,7 +159,7 @@ def _stage_hint(cases: list, answers: list, i: int) -> str:
     if want is None:
         return ("even ZeRO-3's model states exceed the device's bytes here: return None when no stage fits (more "
                 "devices, or offloading, are the way out)")
-    if need[want] == device and all(got == strict(*case) for case, got in zip(cases, answers)):
+    if need[want] == device and all(got == strict(*case) for case, got in zip(cases, answers, strict=True)):
         said = "no stage" if got is None else f"ZeRO-{got}"
         return (f"{said}, where ZeRO-{want}'s model states take exactly the device's bytes, and that fits: "
                 "compare with ≤, not <")
@@ -180,7 +180,7 @@ def verify_zero_stage(smallest_zero_stage, *, seed: int) -> list[str]:
         if got is not None and not (_whole(got) and 0 <= got <= 3):
             return [f"{_stage_call(params, dp, device)}: expected a stage 0, 1, 2 or 3, or None, got {got!r:.60}"]
         answers.append(got)
-    for i, ((params, dp, device), got) in enumerate(zip(cases, answers)):
+    for i, ((params, dp, device), got) in enumerate(zip(cases, answers, strict=True)):
         want = reference_stage(params, dp, device)
         if got != want:
             return [f"{_stage_call(params, dp, device)}: expected {want!r}, got {got!r}. Hint: "

@@ -18,7 +18,7 @@ from collections import Counter
 from partrain_edu.grading.givens.pipeline_1f1b import as_schedule
 from partrain_edu.grading.registry import LearnerError, Problem, register
 from partrain_edu.grading.trials import stream
-from partrain_edu.theory.schedules import simulate   # the sandbox's view has it
+from partrain_edu.theory.schedules import simulate  # the sandbox's view has it
 
 MOST_STAGES, CASES = 8, 8
 # What a problem is about, in the order to fix them: one (level, p, m) orders the problems of a run.

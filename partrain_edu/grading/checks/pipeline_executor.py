@@ -129,7 +129,7 @@ def contributions(step: Step, stage: int) -> tuple[list[list[torch.Tensor]], tor
     params = list(modules[stage].parameters())
     per_mb, losses, saved = [], [], 0
     with torch.enable_grad():  # the learner's kernel may have turned autograd off
-        for x, y in zip(inputs, targets):
+        for x, y in zip(inputs, targets, strict=True):
             counter = SavedBytes(params)
             for s, layer in enumerate(modules):
                 if s == stage:  # cut the graph here, as the stage does with what it receives
@@ -248,7 +248,8 @@ def _order(step: Step, index: int, me: int, n: int, trace: list[tuple]) -> Probl
     want = one_f_one_b_order(me, step.microbatches)
     if order == want:
         return None
-    at = next(i for i, (a, b) in enumerate(zip(order, want)) if a != b)
+    # The learner's order may be longer or shorter than 1F1B's: compare the common prefix.
+    at = next(i for i, (a, b) in enumerate(zip(order, want, strict=False)) if a != b)
     return Problem(f"{step.where(index, me)}: your messages show the order {' '.join(order)}; 1F1B's is "
                    f"{' '.join(want)} — they part at action {at + 1} ({order[at]} where 1F1B runs {want[at]}). Hint: "
                    "warm up with exactly min(p − s − 1, m) forward(s) (fewer leave the stages waiting on each "
@@ -272,7 +273,7 @@ def _order(step: Step, index: int, me: int, n: int, trace: list[tuple]) -> Probl
           "draws m, the rows and the width afresh for each step: take the shape from the micro-batches, never "
           "a fixed one. Else a receive met a send of another kind: count each stage's warm-up forwards again.")
 def verify(me: int, n: int, observed: Reader, *, seed: int) -> list[str]:
-    for index, (step, seen) in enumerate(zip(steps(seed), observed["steps"].items(STEPS))):
+    for index, (step, seen) in enumerate(zip(steps(seed), observed["steps"].items(STEPS), strict=True)):
         per_mb, losses, saved = contributions(step, me)   # the oracle: one process, the whole model
         problem = _values(step, index, me, n, seen, per_mb, losses)
         if problem:

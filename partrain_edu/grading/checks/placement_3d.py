@@ -30,9 +30,19 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from partrain_edu.grading.checks.placement_3d_reference import (DIMS, GRIDS, MEGATRON, NPROC, ORDERS, dim_size,
-                                                                expected_groups, grids, inside_node, node_jobs,
-                                                                reversed_order)
+from partrain_edu.grading.checks.placement_3d_reference import (
+    DIMS,
+    GRIDS,
+    MEGATRON,
+    NPROC,
+    ORDERS,
+    dim_size,
+    expected_groups,
+    grids,
+    inside_node,
+    node_jobs,
+    reversed_order,
+)
 from partrain_edu.grading.observations import Reader
 from partrain_edu.grading.registry import register
 
@@ -77,12 +87,12 @@ def _placement(dim: str, dp: int, tp: int, pp: int, per_node: int, order: str) -
 
 def _reading(answers: list, jobs: list) -> str:
     """What every one of the learner's answers agrees with, when it is a misreading (else "")."""
-    if all(got == {d: dim_size(d, *job[:3]) <= job[3] for d in DIMS} for got, job in zip(answers, jobs)):
+    if all(got == {d: dim_size(d, *job[:3]) <= job[3] for d in DIMS} for got, job in zip(answers, jobs, strict=True)):
         return (" Your answers are 'size ≤ gpus_per_node' in every job: a group small enough for a node still "
                 "crosses one when its ranks are spread out.")
-    if all(got == inside_node(*job[:4], reversed_order(job[4])) for got, job in zip(answers, jobs)):
+    if all(got == inside_node(*job[:4], reversed_order(job[4])) for got, job in zip(answers, jobs, strict=True)):
         return " Your answers read every order outermost first in every job: `order` lists the innermost first."
-    fixed = [o for o in ORDERS if all(got == inside_node(*job[:4], o) for got, job in zip(answers, jobs))]
+    fixed = [o for o in ORDERS if all(got == inside_node(*job[:4], o) for got, job in zip(answers, jobs, strict=True))]
     if fixed:
         return f" Your answers follow the order '{fixed[0]}' in every job, whatever `order` says."
     return ""
@@ -102,7 +112,7 @@ def groups_inside_node_check(groups_inside_node, *, seed: int) -> list[str]:
             return [f"{_job_call(*job)}: expected a dict {{'tp': bool, 'dp': bool, 'pp': bool}} (True: every group "
                     f"of that dimension inside one node), got {got!r}"[:400]]
         answers.append(got)
-    for got, job in zip(answers, jobs):
+    for got, job in zip(answers, jobs, strict=True):
         want = inside_node(*job)
         for dim in DIMS:
             if got[dim] != want[dim]:
@@ -186,7 +196,7 @@ def group_problem(dim: str, me: int, dp: int, tp: int, pp: int, order: str, seen
           "order (or pass use_local_synchronization=True); and every rank all-reduces over its tp, dp, pp "
           "groups in that order, so a group must have the same members on each of its ranks.")
 def build_groups_check(me: int, n: int, observed: Reader, *, seed: int) -> list[str]:
-    for (dp, tp, pp, order), run in zip(grids(seed), observed.items(GRIDS)):
+    for (dp, tp, pp, order), run in zip(grids(seed), observed.items(GRIDS), strict=True):
         call = f"build_groups({dp}, {tp}, {pp}, {order!r})"
         returned = str(run["returned"].value)[:60]
         if returned != "dict":

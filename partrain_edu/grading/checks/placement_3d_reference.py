@@ -29,7 +29,7 @@ def expected_groups(dim: str, dp: int, tp: int, pp: int, order: str = MEGATRON) 
 
 @functools.lru_cache(maxsize=4096)   # verdicts ask for the same groups once per rank, dimension and order
 def _grid_groups(dim: str, dp: int, tp: int, pp: int, order: str) -> tuple[tuple[int, ...], ...]:
-    from partrain_edu.theory import grid   # the reference, in the grader only: the sandbox shows no grid
+    from partrain_edu.theory import grid  # the reference, in the grader only: the sandbox shows no grid
 
     return tuple(map(tuple, grid.group_ranks(dim, {"pp": pp, "dp": dp, "tp": tp},
                                              order=tuple(reversed(order.split("-"))))))
@@ -37,7 +37,7 @@ def _grid_groups(dim: str, dp: int, tp: int, pp: int, order: str) -> tuple[tuple
 
 def inside_node(dp: int, tp: int, pp: int, gpus_per_node: int, order: str = MEGATRON) -> dict[str, bool]:
     """{dim: every group of dim has all its ranks on one node}, node k holding ranks k·g .. (k+1)·g − 1."""
-    return dict(zip(DIMS, _inside(dp, tp, pp, gpus_per_node, order)))
+    return dict(zip(DIMS, _inside(dp, tp, pp, gpus_per_node, order), strict=True))
 
 
 @functools.lru_cache(maxsize=4096)   # the draw asks again for the same jobs under other readings of the order
@@ -58,10 +58,11 @@ def _telling(jobs: list[tuple[int, int, int, int, str]]) -> bool:
     if not all({t[dim] for t in truth} == {True, False} for dim in DIMS):
         return False
     if not any(not t[d] and dim_size(d, *job[:3]) <= job[3] and job[3] % dim_size(d, *job[:3]) == 0
-               for t, job in zip(truth, jobs) for d in DIMS):
+               for t, job in zip(truth, jobs, strict=True) for d in DIMS):
         return False
     readings = [lambda order, fixed=fixed: fixed for fixed in ORDERS] + [lambda order: reversed_order(order)]
-    return all(any(inside_node(*job[:4], reading(job[4])) != t for t, job in zip(truth, jobs)) for reading in readings)
+    return all(any(inside_node(*job[:4], reading(job[4])) != t for t, job in zip(truth, jobs, strict=True))
+               for reading in readings)
 
 
 def reversed_order(order: str) -> str:
@@ -127,6 +128,7 @@ def grids(seed: int) -> list[tuple[int, int, int, str]]:
     while True:
         drawn = [(*sizes, rng.choice(ORDERS)) for sizes in rng.sample(FACTORS, GRIDS)]
         truth = [_groups(*grid) for grid in drawn]
-        if all(any(_groups(*misread(*grid)) != t for grid, t in zip(drawn, truth)) for misread in MISREADINGS):
+        if all(any(_groups(*misread(*grid)) != t for grid, t in zip(drawn, truth, strict=True))
+               for misread in MISREADINGS):
             return drawn
 

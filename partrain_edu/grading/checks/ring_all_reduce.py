@@ -105,7 +105,7 @@ def observe(ctx, ring_all_reduce, *, seed: int) -> list[dict]:
           "different chunk bounds (every rank must use the same chunk_bounds(numel, n), n the group's size).")
 def verify(me: int, n: int, observed: Reader, *, seed: int) -> list[str]:
     plan = rounds(seed)
-    for k, (rnd, run) in enumerate(zip(plan, observed.items(len(plan)))):
+    for k, (rnd, run) in enumerate(zip(plan, observed.items(len(plan)), strict=True)):
         problem = judge(rnd, me, run)
         if problem:
             return [Problem(problem, at=(k,))]

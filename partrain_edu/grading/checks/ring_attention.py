@@ -26,8 +26,16 @@ import torch
 import torch.distributed as dist
 
 from partrain_edu.comm import CommTracer
-from partrain_edu.grading.checks.ring_attention_reference import (SUBGROUP, WORLD, Config, configs, mistakes,
-                                                                  reference, ring_output, tensors)
+from partrain_edu.grading.checks.ring_attention_reference import (
+    SUBGROUP,
+    WORLD,
+    Config,
+    configs,
+    mistakes,
+    reference,
+    ring_output,
+    tensors,
+)
 from partrain_edu.grading.compare import differ
 from partrain_edu.grading.givens.ring_attention import pass_to_next, watching
 from partrain_edu.grading.observations import Malformed, Reader, tensor, traffic
@@ -175,7 +183,7 @@ def judge(cfg: Config, g: int, seen: Reader) -> tuple[int, str] | None:
     problem = differ(f"{label}, output of rank {rank}", ref["out"][:, mine], got, **TOL)
     if problem:
         return OUTPUT, problem + output_hint(cfg, g, rank, got)
-    for name, given, after in zip("qkv", ref["qkv"], seen["inputs"].items(3)):
+    for name, given, after in zip("qkv", ref["qkv"], seen["inputs"].items(3), strict=True):
         problem = differ(f"{label}, rank {rank}'s {name} after your call", given[:, mine], after.tensor(), **TOL)
         if problem:
             return INPUTS, f"{problem}. Your function changed its input {name}: compute on new tensors"
@@ -196,7 +204,7 @@ def judge(cfg: Config, g: int, seen: Reader) -> tuple[int, str] | None:
     if seen["backward_ran"].value is not True:
         return PASSES + 0.5, (f"{label}, rank {rank}: the check ran no backward, because another rank's output "
                               "left out blocks it had received (that rank's problem says which)")
-    for j, (name, want, got) in enumerate(zip(("dQ", "dK", "dV"), ref["grads"], seen["grads"].items(3))):
+    for j, (name, want, got) in enumerate(zip(("dQ", "dK", "dV"), ref["grads"], seen["grads"].items(3), strict=True)):
         got = got.tensor()
         problem = differ(f"{label}, {name} of rank {rank}'s rows", want[:, mine], got, **TOL)
         if problem:
@@ -242,7 +250,7 @@ def grad_hint(ref: dict, g: int, name: str, got) -> str:
           "K and V (and nothing else) in the shape they came, (heads, positions per rank, head dim).")
 def verify(me: int, n: int, observed: Reader, *, seed: int) -> list[str]:
     plan = configs(seed)
-    for c, (cfg, seen) in enumerate(zip(plan, observed.items(len(plan)))):
+    for c, (cfg, seen) in enumerate(zip(plan, observed.items(len(plan)), strict=True)):
         if me in cfg.members:
             found = judge(cfg, cfg.members.index(me), seen)
             if found:

@@ -135,13 +135,13 @@ def _fg_hint(what: str, got, x: torch.Tensor, summed: torch.Tensor, world: torch
           "group; the tensor given is left unchanged",
           deadlock_hint="Likely: a function makes a collective on one rank that another rank does not make.")
 def verify_f_g(me: int, n: int, observed: Reader, *, seed: int) -> list[str]:
-    for k, ((layout, shape), seen) in enumerate(zip(fg_configs(seed), observed.items(FG_CONFIGS))):
+    for k, ((layout, shape), seen) in enumerate(zip(fg_configs(seed), observed.items(FG_CONFIGS), strict=True)):
         members = mine(layout, me)[1]
         x = fg_input(seed, k, shape, me)
         summed = sum(fg_input(seed, k, shape, r) for r in members)
         world = sum(fg_input(seed, k, shape, r) for r in range(n))
         at = f"{where(layout, members)}, shape {shape}"
-        for j, (what, got) in enumerate(zip(FG_NAMES, seen.items(len(FG_NAMES)))):
+        for j, (what, got) in enumerate(zip(FG_NAMES, seen.items(len(FG_NAMES)), strict=True)):
             reduces = what in ("f backward", "g forward")
             out = got["out"].tensor()
             problem = differ(f"{what} on {at}", summed if reduces else x, out)
@@ -255,7 +255,7 @@ def _y_hint(y, want: torch.Tensor, partial: torch.Tensor, b2: torch.Tensor, memb
           "and one backward, on the group",
           deadlock_hint="Likely: a rank skips f or g, or calls a collective the other ranks do not.")
 def verify_mlp(me: int, n: int, observed: Reader, *, seed: int) -> list[str]:
-    for k, (c, seen) in enumerate(zip(mlp_configs(seed), observed.items(MLP_CONFIGS))):
+    for k, (c, seen) in enumerate(zip(mlp_configs(seed), observed.items(MLP_CONFIGS), strict=True)):
         j, members = mine(c["layout"], me)
         i, at = members.index(me), f"on {where(c['layout'], members)}"
         x, w1, b1, w2, b2 = [p.double().requires_grad_() for p in mlp_model(seed, k, c, j)]
@@ -277,7 +277,7 @@ def verify_mlp(me: int, n: int, observed: Reader, *, seed: int) -> list[str]:
                     ("dL/db1 (your shard)", b1.grad[cols], "b1 is split like W1's rows"),
                     ("dL/dW2 (your column shard)", w2.grad[:, cols], "W2 is split by input columns"),
                     ("dL/db2", b2.grad, "add b2 after g, once")]
-        for q, ((what, want, hint), got) in enumerate(zip(expected, seen["grads"].items(len(expected)))):
+        for q, ((what, want, hint), got) in enumerate(zip(expected, seen["grads"].items(len(expected)), strict=True)):
             got = got.tensor()
             problem = differ(f"{what} {at}", want, got, rtol=1e-4, atol=1e-5)
             if problem:

@@ -99,7 +99,7 @@ def kept_tensors(fn, before: set, own: tuple) -> list[list]:
     walk(f"{name}.__dict__", getattr(fn, "__dict__", {}), 0)
     walk(f"{name}'s default arguments", getattr(fn, "__defaults__", None) or (), 0)
     walk(f"{name}'s keyword defaults", getattr(fn, "__kwdefaults__", None) or {}, 0)
-    for i, cell in enumerate(getattr(fn, "__closure__", None) or ()):
+    for cell in getattr(fn, "__closure__", None) or ():
         try:
             walk(f"{name}'s closure", cell.cell_contents, 0)
         except ValueError:  # an empty cell
@@ -146,7 +146,7 @@ def observe(ctx, zero1_step, *, seed: int) -> list[list[dict]]:
           "(dist.get_world_size(group)) and pass group=group to every collective.")
 def verify(me: int, n: int, observed: Reader, *, seed: int) -> list[str]:
     plan = rounds(seed)
-    for k, (rnd, seen) in enumerate(zip(plan, observed.items(len(plan)))):
+    for k, (rnd, seen) in enumerate(zip(plan, observed.items(len(plan)), strict=True)):
         problem = judge(setup_of(rnd, me), me, seen, k)
         if problem:
             return [problem]

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from partrain_edu.parallel.saved_bytes import SavedBytes   # the course's one activation meter
+from partrain_edu.parallel.saved_bytes import SavedBytes  # the course's one activation meter
 
 __all__ = ["SavedBytes", "forward_flops"]
 

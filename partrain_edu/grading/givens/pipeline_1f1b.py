@@ -4,7 +4,7 @@ the same thing. Not the answer: choosing the order is.
 """
 from __future__ import annotations
 
-from partrain_edu.theory.schedules import Action, Schedule   # the sandbox's view has these
+from partrain_edu.theory.schedules import Action, Schedule  # the sandbox's view has these
 
 
 def as_schedule(lists, p: int, m: int) -> Schedule:

@@ -16,6 +16,7 @@
 """
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import sys
@@ -102,9 +103,10 @@ class Kernel:
                 if answer.get("id") == self._id and any(k in answer for k in ("value", "raised", "problem")):
                     break
         except TimeoutError:
-            raise LearnerError(self._kill("your code ran past its time limit and did not stop: an endless loop?"))
+            raise LearnerError(
+                self._kill("your code ran past its time limit and did not stop: an endless loop?")) from None
         except Closed as closed:
-            raise LearnerError(self._kill(self._ended(closed, "while the grader called your code")))
+            raise LearnerError(self._kill(self._ended(closed, "while the grader called your code"))) from closed
         if "problem" in answer:
             problem = str(answer["problem"])[:2000]
             raise LearnerError(problem + (f" ({self.errors[0]})" if "defines no function" in problem
@@ -208,8 +210,8 @@ def _grade(path: Path, exercise: str | None, isolation: Isolation, timeout: floa
                     check_deadline = min(deadline, time.monotonic() + DEFAULT_TIMEOUT_S)
                     learner = [_Function(kernel, f, name, check_deadline) for f in functions]
                     seed = fresh_seed() if fixed_seed is None else fixed_seed
-                    results[name] = graded(specs[name], lambda: _in_time(specs[name], learner, check_deadline, seed),
-                                           seed)
+                    check = functools.partial(_in_time, specs[name], learner, check_deadline, seed)
+                    results[name] = graded(specs[name], check, seed)
                 else:  # the source now, the ranks once the kernel is gone
                     try:
                         sources[name] = [kernel.source(f, deadline) for f in functions]
@@ -219,7 +221,8 @@ def _grade(path: Path, exercise: str | None, isolation: Isolation, timeout: floa
             kernel.stop()
     for name, texts in sources.items():
         seed = fresh_seed() if fixed_seed is None else fixed_seed
-        results[name] = graded(specs[name], lambda: _rank_check(isolation, specs[name], texts, deadline, seed), seed)
+        check = functools.partial(_rank_check, isolation, specs[name], texts, deadline, seed)
+        results[name] = graded(specs[name], check, seed)
     return _report(path, exercise, [results[name] for name, _ in owed], start)
 
 

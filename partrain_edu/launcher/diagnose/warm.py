@@ -12,8 +12,13 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from partrain_edu.launcher.diagnose.findings import AFTER_MISMATCH, Finding
-from partrain_edu.launcher.diagnose.oneshot import (CONSEQUENCES, MISMATCH_HINT, TorchrunError, explain_mismatch,
-                                                     with_backend_words)
+from partrain_edu.launcher.diagnose.oneshot import (
+    CONSEQUENCES,
+    MISMATCH_HINT,
+    TorchrunError,
+    explain_mismatch,
+    with_backend_words,
+)
 
 MARK_WAIT_S = 2.0  # a rank said "done": how long its end mark may take to come through its labelling process
 RESTART = "`%dist restart` (or `pool.restart()`) starts fresh ranks; their variables are lost."

@@ -5,6 +5,7 @@ are handed over (model.parameters(), or param groups with their own options) and
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +26,7 @@ class _Net(nn.Module):
     def __init__(self, widths: tuple[int, ...], norm: bool):
         super().__init__()
         self.embed = nn.Parameter(torch.randn(widths[0], widths[1]) * 0.3)
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths[1:-1], widths[2:]))
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(widths[1:]))
         self.norm = nn.LayerNorm(widths[2]) if norm else None
         self.temperature = nn.Parameter(torch.tensor(1.5))
         self.register_buffer("shift", torch.linspace(-0.5, 0.5, widths[-1]))
@@ -87,7 +88,7 @@ class Setup:
 
 def setups(seed: int) -> list[Setup]:
     rnd, out = stream(seed, "sharded_optimizer"), []
-    for ranks, kind in zip(GROUPS, rnd.sample(sorted(OPTION), len(GROUPS))):
+    for ranks, kind in zip(GROUPS, rnd.sample(sorted(OPTION), len(GROUPS)), strict=True):
         widths = (rnd.randint(3, 8), rnd.randint(4, 10), *(rnd.randint(3, 12) for _ in range(rnd.randint(1, 2))),
                   rnd.randint(2, 5))
         norm = rnd.random() < 0.5

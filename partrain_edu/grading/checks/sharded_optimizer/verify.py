@@ -44,7 +44,7 @@ def _reference(seed: int, i: int):
 
 def verify(me: int, n: int, observed: Reader, *, seed: int) -> list[str]:
     drawn = setups(seed)
-    for i, (s, seen) in enumerate(zip(drawn, observed.items(len(drawn)))):
+    for i, (s, seen) in enumerate(zip(drawn, observed.items(len(drawn)), strict=True)):
         problem = _verify_run(seed, i, s, me, seen) if me in s.ranks else None
         if problem:
             return [problem]
@@ -68,7 +68,11 @@ def _verify_run(seed: int, i: int, s: Setup, me: int, seen: Reader) -> Problem |
     got_options = _option_table(seen["options"], count)
     optim, is_class = seen["optim"].value, seen["is_class"].value
     for step_no, step in enumerate(seen["steps"].items(STEPS)):
-        where, at = f"{s.name}, step {step_no + 1}", lambda phase: (i, step_no, phase)
+        where = f"{s.name}, step {step_no + 1}"
+
+        def at(phase, step_no=step_no):
+            return (i, step_no, phase)
+
         wrong = step["wrong_group"].records(("name", "count"), 8, "calls") or \
             (seen["built_wrong"].records(("name", "count"), 8, "calls") if step_no == 0 else [])
         if wrong:
@@ -114,7 +118,7 @@ def _value_hint(run: dict, k: int, before: list[torch.Tensor], got, options: lis
     if k in s.frozen:
         return (". It is frozen (requires_grad=False): leave it out of the inner optimizer, give it no gradient and "
                 "no state, and send it nowhere")
-    for j, (want, have) in enumerate(zip(options, got_options)):
+    for j, (want, have) in enumerate(zip(options, got_options, strict=True)):
         if have is not None and have != want:
             return (f". Your inner optimizer steps {names[j]} (shape {tuple(before[j].shape)}) with {have}, its "
                     f"param group asks {want}: keep each param group's options — build the inner groups as "

@@ -150,7 +150,7 @@ def observe(ctx, fsdp_step, *, seed: int) -> list[list[dict]]:
         n, me = len(members), members.index(ctx.rank)
         # this rank's 1/n of each flat tensor, a leaf that requires grad: FSDP's sharded FlatParameter
         shards = [shard(flat(w, b, n), me, n).requires_grad_() for w, b in model(seed, k, j, run)]
-        GATHERED.names = {s.untyped_storage().data_ptr(): name for s, name in zip(shards, run.names)}
+        GATHERED.names = {s.untyped_storage().data_ptr(): name for s, name in zip(shards, run.names, strict=True)}
         GATHERED.bound = sum(nbytes(run, n).values())
         steps = []
         for step in range(run.steps):

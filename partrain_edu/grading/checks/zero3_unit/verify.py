@@ -7,8 +7,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from partrain_edu.grading.checks.zero3_unit.observe import NPROC, WORLD, Run, batch, flat, mine, model, nbytes, runs, \
-    shard
+from partrain_edu.grading.checks.zero3_unit.observe import (
+    NPROC,
+    WORLD,
+    Run,
+    batch,
+    flat,
+    mine,
+    model,
+    nbytes,
+    runs,
+    shard,
+)
 from partrain_edu.grading.compare import NotATensor, differ, ratio_of
 from partrain_edu.grading.observations import Reader
 from partrain_edu.grading.registry import Problem
@@ -36,7 +46,7 @@ def _stray(seen: Reader, members: tuple[int, ...]) -> str:
     ops = [op for op, _ in seen["calls"].records(("name", "count"), what="calls")]
     ranks = [tuple(g.numbers(NPROC)) for g in seen["groups"].entries(1000, "groups")]
     return next((f"your {op} ran on ranks {list(r)}, not on the group {list(members)}: pass `group` to gather and "
-                 "to every collective" for op, r in zip(ops, ranks) if r != members), "")
+                 "to every collective" for op, r in zip(ops, ranks, strict=True) if r != members), "")
 
 
 def _update_hint(want: torch.Tensor, got: torch.Tensor, alone: torch.Tensor, last, n: int) -> str:
@@ -87,9 +97,9 @@ def _values(seed: int, k: int, run: Run, step: int, me: int, seen: Reader, param
         return [Problem(problem, at=(*at, 0))], []
     before = [shard(flat(w, b, n), i, n) for w, b in params]
     with torch.no_grad():
-        for p, g in zip(flat_params, grads):
+        for p, g in zip(flat_params, grads, strict=True):
             p -= run.lr * g
-    moves = [shard(flat(w, b, n), i, n) - old for (w, b), old in zip(params, before)]
+    moves = [shard(flat(w, b, n), i, n) - old for (w, b), old in zip(params, before, strict=True)]
     shards = seen["shards"].items(len(params))
     for q in (0, *range(len(params) - 1, 0, -1)):   # backward's order: the root, then the last unit first
         got = shards[q].tensor()
@@ -112,7 +122,7 @@ def _values(seed: int, k: int, run: Run, step: int, me: int, seen: Reader, param
         else:
             problem += ". Hint: each unit's backward returns dL/dh for its input h, through tanh and W"
         return [Problem(problem, at=(*at, 2))], moves
-    for what, want, got in zip("xy", batches[i], seen["inputs"].items(2)):
+    for what, want, got in zip("xy", batches[i], seen["inputs"].items(2), strict=True):
         problem = differ(f"{when}, {what} on rank {me} after fsdp_step", want, got.tensor(), **TOL)
         if problem:
             return [Problem(f"{problem}: x and y are this rank's batch — read them, do not change them",
@@ -188,7 +198,8 @@ def _memory(step: int, seen: Reader, size: dict[str, int]) -> list[str]:
             return [f"{at}: {held}, over root + one unit = {bound} B: every unit was gathered once and kept "
                     "through backward — all parameters whole, as in DDP. Free a unit's full parameters when its "
                     "forward ends and gather them again in its backward."]
-        stale = [s for s, (a, _, _) in zip(said[:-1], alive) if a != "root"]   # the last: the gather just made
+        # all but the last: the gather just made
+        stale = [s for s, (a, _, _) in zip(said[:-1], alive[:-1], strict=True) if a != "root"]
         where = of + (" for backward" if at_peak["backward"].value is True else "")
         return [f"{at}: {held} at the gather of {where}, over root + one unit = {bound} B. Not freed after use: "
                 f"{', '.join(stale) or 'the root, gathered twice'}. A view keeps the gathered tensor alive — a W "
@@ -204,7 +215,7 @@ def _memory(step: int, seen: Reader, size: dict[str, int]) -> list[str]:
 
 def verify(me: int, n: int, observed: Reader, *, seed: int) -> list[str]:
     drawn = runs(seed)
-    for k, (run, steps) in enumerate(zip(drawn, observed.items(len(drawn)))):
+    for k, (run, steps) in enumerate(zip(drawn, observed.items(len(drawn)), strict=True)):
         j, members = mine(run.layout, me)
         group = "the default group (all 4 ranks)" if run.layout == WORLD else f"group {list(members)} of 4 ranks"
         said = f"on {group}, d = {run.d}, c = {run.c}, {run.units} units, {run.rows} rows a batch, lr = {run.lr}: "
