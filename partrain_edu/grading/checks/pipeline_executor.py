@@ -249,9 +249,11 @@ def _order(step: Step, index: int, me: int, n: int, trace: list[tuple]) -> Probl
     if order == want:
         return None
     # The learner's order may be longer or shorter than 1F1B's: compare the common prefix.
-    at = next(i for i, (a, b) in enumerate(zip(order, want, strict=False)) if a != b)
+    at = next((i for i, (a, b) in enumerate(zip(order, want, strict=False)) if a != b), min(len(order), len(want)))
+    mine = order[at] if at < len(order) else "nothing more"
+    theirs = want[at] if at < len(want) else "nothing more"
     return Problem(f"{step.where(index, me)}: your messages show the order {' '.join(order)}; 1F1B's is "
-                   f"{' '.join(want)} — they part at action {at + 1} ({order[at]} where 1F1B runs {want[at]}). Hint: "
+                   f"{' '.join(want)} — they part at action {at + 1} ({mine} where 1F1B runs {theirs}). Hint: "
                    "warm up with exactly min(p − s − 1, m) forward(s) (fewer leave the stages waiting on each "
                    "other: a bigger bubble, 气泡), then one forward and one backward, then the remaining backwards",
                    at=(index, ORDER, me))
