@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from partrain_edu.grading.compare import NotATensor
 
@@ -49,6 +50,16 @@ def traffic(tracer) -> dict:
             peers.setdefault(r.op, set()).add(r.peer)
     return {"ops": ops, "sent": sum(r.sent for r in tracer.records), "bytes": payload,
             "peers": {op: sorted(ranks) for op, ranks in peers.items()}}
+
+
+def group_bits(group) -> int:
+    """A group's global ranks as bits (None: the default group), to compare the group a call used with the one it
+    owed; 0 for anything that is not a group."""
+    try:
+        ranks = range(dist.get_world_size()) if group is None else dist.get_process_group_ranks(group)
+        return sum(1 << r for r in ranks)
+    except Exception:
+        return 0
 
 
 class Malformed(Exception):

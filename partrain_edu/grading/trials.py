@@ -27,3 +27,14 @@ def stream(seed: int, what: str) -> random.Random:
 def again(name: str, seed: int) -> str:
     """The line a failure ends with: how to grade the same configurations again."""
     return f"(inputs drawn with seed {seed}: check({name!r}, ..., seed={seed}) grades the same ones again)"
+
+
+def partitions(rng: random.Random, ranks: int = 4) -> list[tuple[tuple[int, ...], ...]]:
+    """Three ways to split `ranks` ranks into groups that run at once: all of them; a group of ranks − 1 beside
+    one alone; two pairs (one of them without rank 0). An answer that ignores `group` gets a wrong value, not a
+    hang, and every run grades a group that does not start at rank 0."""
+    alone = rng.randrange(ranks)
+    pair = rng.choice([(0, r) for r in range(1, ranks)])
+    return [(tuple(range(ranks)),),
+            (tuple(r for r in range(ranks) if r != alone), (alone,)),
+            (pair, tuple(r for r in range(ranks) if r not in pair))]

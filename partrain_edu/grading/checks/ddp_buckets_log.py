@@ -13,16 +13,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from partrain_edu.grading.observations import group_bits
+
 MOST_EVENTS = 300   # a runaway answer's log stays readable
-
-
-def bits_of(group) -> int:
-    """The group's global ranks as bits (None: the default group); 0 for anything that is not a group."""
-    try:
-        ranks = range(dist.get_world_size()) if group is None else dist.get_process_group_ranks(group)
-        return sum(1 << r for r in ranks)
-    except Exception:
-        return 0
 
 
 def _note(events: list, kind: str, a: int, b: int = 0, c: int = 0) -> None:
@@ -50,7 +43,7 @@ class BackwardLog:
     ["launch", bytes, async_op, group bits] for each dist.all_reduce; ["wait", call, 0, 0] on its work."""
 
     def __init__(self, params: list[nn.Parameter], group):
-        self.group, self.bits, self.events = group, bits_of(group), []
+        self.group, self.bits, self.events = group, group_bits(group), []
         for k, p in enumerate(params):
             p.register_hook(functools.partial(self._produced, k))
 
@@ -64,7 +57,7 @@ class BackwardLog:
 
         def all_reduce(*args, **kwargs):
             call = signature.bind(*args, **kwargs)
-            used, t = bits_of(call.arguments.get("group")), call.arguments.get("tensor")
+            used, t = group_bits(call.arguments.get("group")), call.arguments.get("tensor")
             if used != self.bits:   # run over the graded group: a rank outside it would never answer
                 call.arguments["group"] = self.group
             events, n = self.events, sum(e[0] == "launch" for e in self.events)

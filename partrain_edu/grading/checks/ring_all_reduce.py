@@ -23,7 +23,7 @@ from partrain_edu.comm import CommTracer
 from partrain_edu.grading.compare import differ, ratio_of
 from partrain_edu.grading.observations import Reader, tensor, traffic
 from partrain_edu.grading.registry import Problem, register
-from partrain_edu.grading.trials import stream
+from partrain_edu.grading.trials import partitions, stream
 from partrain_edu.parallel.ring import chunk_bounds, ring_bytes_sent_by
 
 RANKS = 4
@@ -48,13 +48,8 @@ class Round:
 def rounds(seed: int) -> list[Round]:
     """The run's rounds: the default group, then a 3 + 1 and a 2 + 2 partition, three tensor lengths each."""
     rng = stream(seed, "ring_all_reduce")
-    alone = rng.randrange(RANKS)
-    pair = rng.choice([(0, 1), (0, 2), (0, 3)])
-    partitions = [(tuple(range(RANKS)),),
-                  (tuple(r for r in range(RANKS) if r != alone), (alone,)),
-                  (pair, tuple(r for r in range(RANKS) if r not in pair))]
     out = []
-    for groups in partitions:
+    for groups in partitions(rng, RANKS):
         n = max(len(g) for g in groups)
         lengths = [rng.randrange(1, n), n * rng.randrange(1, 5) + rng.randrange(1, n), n * rng.randrange(1, 6)]
         rng.shuffle(lengths)  # shorter than the group, not divisible, divisible: in an order no one can expect

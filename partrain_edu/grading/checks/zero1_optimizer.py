@@ -26,7 +26,7 @@ from partrain_edu.comm import CommTracer
 from partrain_edu.grading.compare import differ, ratio_of
 from partrain_edu.grading.observations import Reader, tensor, traffic
 from partrain_edu.grading.registry import Problem, register
-from partrain_edu.grading.trials import stream
+from partrain_edu.grading.trials import partitions, stream
 
 RANKS = 4
 DEFAULT_LR, DEFAULT_BETA = 0.1, 0.9  # the signature's defaults: an answer that ignores lr and beta steps with these
@@ -55,13 +55,8 @@ class Setup:
 def rounds(seed: int) -> list[tuple[Setup, ...]]:
     """The run's rounds, each a partition of the ranks into groups that share P and the number of steps."""
     rng = stream(seed, "zero1_step")
-    alone = rng.randrange(RANKS)
-    pair = rng.choice([(0, 1), (0, 2), (0, 3)])
-    partitions = [(tuple(range(RANKS)),),
-                  (tuple(r for r in range(RANKS) if r != alone), (alone,)),
-                  (pair, tuple(r for r in range(RANKS) if r not in pair))]
     out = []
-    for groups in partitions:
+    for groups in partitions(rng, RANKS):
         unit = max(len(g) for g in groups)  # 4, 3 or 2: every group's size divides it
         numel, steps = unit * rng.randrange(1, 7), rng.randrange(2, 5)
         out.append(tuple(Setup(g, numel, steps, round(rng.uniform(0.02, 0.5), 3), round(rng.uniform(0.5, 0.95), 2),

@@ -11,20 +11,11 @@ import torch.nn.functional as F
 
 from partrain_edu.comm import CommTracer
 from partrain_edu.grading.checks.sharded_optimizer.setups import STEPS, options_of, setups, state_bytes
-from partrain_edu.grading.observations import tensor, traffic
+from partrain_edu.grading.observations import group_bits, tensor, traffic
 
 GUARDED = ("broadcast", "all_gather", "all_gather_into_tensor", "all_reduce", "reduce_scatter",
            "reduce_scatter_tensor", "reduce", "scatter", "gather", "all_to_all", "all_to_all_single", "barrier",
            "all_gather_object", "broadcast_object_list")
-
-
-def bits_of(group) -> int:
-    """The group's global ranks as bits (None: the default group); 0 for anything that is not a group."""
-    try:
-        ranks = range(dist.get_world_size()) if group is None else dist.get_process_group_ranks(group)
-        return sum(1 << r for r in ranks)
-    except Exception:
-        return 0
 
 
 class GroupGuard:
@@ -34,7 +25,7 @@ class GroupGuard:
     root]) and read as the group rank it likely meant, which torch would refuse or hang on."""
 
     def __init__(self, group):
-        self.group, self.bits, self.wrong, self.roots, self.saved = group, bits_of(group), [], [], []
+        self.group, self.bits, self.wrong, self.roots, self.saved = group, group_bits(group), [], [], []
         self.members = [r for r in range(dist.get_world_size()) if self.bits >> r & 1]
 
     def __enter__(self):
@@ -50,7 +41,7 @@ class GroupGuard:
 
         def guarded(*args, **kwargs):
             call = signature.bind(*args, **kwargs)
-            used = bits_of(call.arguments.get("group"))
+            used = group_bits(call.arguments.get("group"))
             if used != self.bits:
                 self.wrong += [[name, used]] * (len(self.wrong) < 8)
                 call.arguments["group"] = self.group
