@@ -15,6 +15,7 @@ import torch
 from exercise_sources import solution_source, variant
 from partrain_edu.grading import run_check
 from partrain_edu.grading.checks.zero3_unit.observe import WORLD, runs
+from partrain_edu.launcher import torchrun
 
 SOLUTION = solution_source("08_zero3_unit", "fsdp_step")
 SEED = 1   # its first run is on the default group of all 4 ranks: rank 0 fails first, with n = 4
@@ -185,3 +186,27 @@ def test_the_accumulation_hint_stands_on_its_evidence():
         hint = _update_hint(want, got, alone, previous, 4)
         assert "plus the last step's" not in hint and "Hint: shard ← shard − lr·ḡ" in hint
     assert "divided by 3, not by n = 4" in _update_hint(want, 4 / 3 * want, alone, last, 4)
+
+
+TRACKED = r"""
+import torch
+from partrain_edu import runtime
+from partrain_edu.grading.checks.zero3_unit.observe import GATHERED, tracked_gather
+
+runtime.init()
+GATHERED.bound = 10 ** 9   # no collection: only reference counting may drop a gathered tensor
+late = 0
+for _ in range(2000):
+    full = tracked_gather(torch.randn(40))
+    del full   # its last reference: the check must count it dead at once
+    late += bool(GATHERED.alive)
+    GATHERED.alive.clear()
+    GATHERED.events.clear()
+runtime.publish_every_rank("late", late)
+"""
+
+
+def test_a_gathered_tensor_dies_with_its_last_reference_whatever_gloo_still_holds():
+    """Gloo's worker thread may hold an all-gather's output a moment after the call returned (3 calls in 10 on
+    2 ranks here, before the copy): counted as alive, it failed the solution at a later gather."""
+    assert torchrun(TRACKED, nproc=2, timeout=120, echo=None).published["late"] == [0, 0]
