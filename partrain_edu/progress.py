@@ -26,7 +26,10 @@ DELAY_S = status_line.DELAY_S  # runs shorter than this show nothing; longer one
 
 class StepProgress:
     def __init__(self, total: int, label: str):
-        self.total, self.label, self.start, self.done = total, label, time.monotonic(), 0
+        self.total = total
+        self.label = label
+        self.start = time.monotonic()
+        self.done = 0
         self.up = 0  # ranks whose process has started (`started`), shown while the first step waits
         self.first_step_at: float | None = None  # the first step also pays for starting the ranks
         self.bar = None

@@ -50,7 +50,9 @@ def run(ctx: runtime.ParallelContext, cfg: TrainConfig, on_step: Callable[[int, 
         emulate(strategy)  # TinyGPT's blocks charged as GPT-3 XL's layers on the emulated device
     clock, per_second = (em.now, em.scale) if em is not None else (time.perf_counter, 1.0)
     data = SyntheticTokens(cfg.model.vocab_size, cfg.model.seq_len, seed=cfg.seed)
-    losses, times, walls = [], [], []
+    losses = []
+    times = []
+    walls = []
     tracer = CommTracer()
     with tracer:
         for step in range(cfg.steps):
@@ -183,7 +185,9 @@ def _rank_main() -> None:
     # Under a bare torchrun, `--nproc` would be claimed by torchrun's own parser: default to the world size.
     parser.set_defaults(nproc=int(os.environ.get("WORLD_SIZE", 1)))
     cfgs = [config_from_args(parser.parse_args(argv)) for argv in (json.loads(args.runs) if args.runs else [rest])]
-    total, done, reports = sum(cfg.steps for cfg in cfgs), 0, []
+    total = sum(cfg.steps for cfg in cfgs)
+    done = 0
+    reports = []
     for cfg in cfgs:
         ctx = runtime.init(device=cfg.device)  # a fresh group, emulated clock and seed: as if launched alone
         runtime.seed_everything(cfg.seed)

@@ -1,7 +1,7 @@
 """Dependencies point one way, layer by layer (LAYERS), and no module imports itself back through others.
 
     units ← theory ← data/models ← comm/topology ← runtime/emulated ← parallel | launcher ← config ← strategies
-          ← train/checkpoint ← notebook/netem/lessons/grading/viz ← cli
+          ← train/checkpoint ← notebook/netem/lessons/grading/viz/problems ← cli
 
 An import, at the top or lazily inside a function, may only reach its own layer or one below; `parallel` (the
 library) and `launcher` are siblings that never import each other. `partrain_edu.parallel` must load without the
@@ -27,7 +27,7 @@ HARNESS = ("partrain_edu.train", "partrain_edu.cli", "partrain_edu.strategies", 
 LAYERS = [("units",), ("theory",), ("data", "models"), ("comm", "topology"), ("runtime", "emulated"),
           ("parallel", "launcher"), ("config", "train_checks"), ("strategies",),
           ("train", "checkpoint", "checkpoint_files", "benchmarking", "oracle", "gaps", "progress"),
-          ("notebook", "netem", "lessons", "grading", "viz", "workspace"), ("cli", "__main__")]
+          ("notebook", "netem", "lessons", "grading", "viz", "workspace", "problems"), ("cli", "__main__")]
 SIBLINGS = {"parallel", "launcher"}  # one layer, and neither imports the other
 
 
@@ -107,6 +107,53 @@ def test_no_file_of_the_package_is_over_300_lines():
     long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 300}
     assert long == {}
+
+
+# Packs left on purpose, each in a file at its line cap: (path in the package, its targets).
+PACKED_AT_A_LINE_CAP = {("parallel/fsdp_naive.py", "self.module, self.group, self.n, self.again"),   # 80 lines
+                        ("launcher/agent_server.py", "self.pid, self.channel, self.stdout, self.returncode")}  # 300
+
+
+def dotted(node: ast.AST) -> str | None:
+    """`self.a.b` for an attribute chain on a name, the name for a name; None for anything else."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+
+def bound(target: ast.AST) -> set[str]:
+    """The names and attribute chains an assignment target binds (a subscript binds none)."""
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return set().union(*(bound(t) for t in target.elts))
+    if isinstance(target, ast.Starred):
+        return bound(target.value)
+    return {dotted(target)} - {None}
+
+
+def packed_assignments(tree: ast.AST, least: int = 3) -> list[tuple[int, str]]:
+    """(line, targets) of each `a, b, c = x, y, z` binding `least` or more names from a literal tuple, but a
+    simultaneous update: a right-hand side that reads what the statement binds (`a, b, c = b, a + b, c`)."""
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple)):
+            continue
+        reads = {dotted(n) for n in ast.walk(node.value) if isinstance(n, (ast.Name, ast.Attribute))}
+        for target in node.targets:
+            if isinstance(target, ast.Tuple) and len(target.elts) == len(node.value.elts) >= least \
+                    and not reads & set().union(*(bound(t) for t in node.targets)):
+                found.append((node.lineno, ", ".join(ast.unparse(t) for t in target.elts)))
+    return found
+
+
+def test_no_packed_assignment_hides_what_changes():
+    sample = "a, b, c = 1, f(), []\na, b, c = b, a + b, c\nself.x, self.y, z = self.y, 0, 1\nx.a, y, z = x, 0, 1\n"
+    assert packed_assignments(ast.parse(sample)) == [(1, "a, b, c"), (4, "x.a, y, z")]
+    packed = [f"{path.relative_to(PACKAGE.parent)}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
+              for line, targets in packed_assignments(ast.parse(path.read_text(), filename=str(path)))
+              if (path.relative_to(PACKAGE).as_posix(), targets) not in PACKED_AT_A_LINE_CAP]
+    assert packed == [], f"one statement per line: split it: {', '.join(packed)}"
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -1,12 +1,13 @@
 """theory.schedules: the simulator must reproduce the papers' bubble formulas, by simulation."""
 
+import math
 from fractions import Fraction
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from partrain_edu.theory.schedules import Action, Schedule, build_schedule, simulate
+from partrain_edu.theory.schedules import Action, Schedule, bubble_formula, build_schedule, simulate
 
 
 def test_must_show_1f1b_4_stages_8_microbatches():
@@ -178,3 +179,12 @@ def test_gpipe_holds_m_and_1f1b_at_most_p(p, m):
     peaks = simulate(build_schedule("1f1b", p, m)).peak_activations
     assert peaks == tuple(min(p - s, m) for s in range(p))
     assert max(peaks) <= p
+
+
+@pytest.mark.parametrize("costs", [(1.3e-3, 1.5e-3, 1.1e-3), (1e-4, 1e-4, 1e-4), (2.8, 3.4, 2.2)])
+def test_the_zb_h1_formula_keeps_the_ratio_of_costs_given_in_seconds(costs):
+    """The closed form equals the simulator's bubble whatever the unit of F, B, W (costs under 1 ms once
+    rounded to 0, dividing by zero)."""
+    formula = bubble_formula("zb-h1", 4, 8, 1, *costs)[1]
+    assert math.isclose(float(formula), simulate(build_schedule("zb-h1", 4, 8), *costs).bubble_fraction,
+                        rel_tol=1e-9)

@@ -90,8 +90,11 @@ def _scatter(a, g):
     return (S, size(a["scatter_list"]) - S, 0, root) if root == g.rank else (S, 0, S, root)
 
 
+# theory.traffic's ring shapes
+AR = "all_reduce"
+AG = "all_gather"
+RS = "reduce_scatter"
 # op name -> cost(bound arguments, group) -> (payload S, sent, received, peer)
-AR, AG, RS = "all_reduce", "all_gather", "reduce_scatter"   # theory.traffic's ring shapes
 COSTS = {
     "all_reduce": _ring("tensor", AR), "all_reduce_coalesced": _ring("tensors", AR),
     "all_gather": _ring("tensor_list", AG), "all_gather_coalesced": _ring("output_tensor_lists", AG),

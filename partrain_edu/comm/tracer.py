@@ -138,7 +138,10 @@ class CommTracer:
 
     def __init__(self):
         self.records: list[CommRecord] = []
-        self._step, self._paused, self._labels, self._saved = 0, 0, [], []
+        self._step = 0
+        self._paused = 0
+        self._labels = []
+        self._saved = []
 
     def __enter__(self) -> CommTracer:
         if CommTracer._active is not None:

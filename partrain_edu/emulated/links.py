@@ -74,7 +74,10 @@ class CollectiveWork:
     """An async collective's work: `wait()` moves the clock to the op's emulated end."""
 
     def __init__(self, work, emulator, cost: float, issued: float):
-        self.work, self.emulator, self.cost, self.end = work, emulator, cost, None
+        self.work = work
+        self.emulator = emulator
+        self.cost = cost
+        self.end = None
         self.box, self.side = _latest(issued, async_op=True)
         _pending.append(self)
 
@@ -104,7 +107,9 @@ class EmulatedFuture:
     """`work.get_future()` of an emulated collective: `wait()` (and `then`'s callback) at the emulated end."""
 
     def __init__(self, work: CollectiveWork, callbacks: tuple = ()):
-        self.work, self.callbacks, self.result = work, callbacks, None
+        self.work = work
+        self.callbacks = callbacks
+        self.result = None
 
     def then(self, callback) -> EmulatedFuture:
         return EmulatedFuture(self.work, (*self.callbacks, callback))

@@ -177,7 +177,9 @@ def _send(sock: socket.socket, message: dict) -> None:
 
 def serve(argv: list[str]) -> None:
     """Fork an agent for each launch the launcher sends, report how each ended; end when the launcher does."""
-    launcher, preload, here = int(argv[0]), argv[1].split("=", 1)[1].split(",") if len(argv) > 1 else [], os.getcwd()
+    launcher = int(argv[0])
+    preload = argv[1].split("=", 1)[1].split(",") if len(argv) > 1 else []
+    here = os.getcwd()
     control, devnull = socket.socket(fileno=os.dup(0)), os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)

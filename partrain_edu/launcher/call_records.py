@@ -86,7 +86,9 @@ def _wrap(name: str, original):
     from torch.distributed import distributed_c10d as c10d
 
     parameters = inspect.signature(original).parameters
-    names, op, ends = tuple(parameters), name.encode(), _OTHER_END.get(name)
+    names = tuple(parameters)
+    op = name.encode()
+    ends = _OTHER_END.get(name)
     defaults = {n: p.default for n, p in parameters.items() if p.default is not p.empty}
     position = {n: i for i, n in enumerate(names)}
 

@@ -68,7 +68,10 @@ class Lines:
     UTF-8 (a rank may write anything to its stdout)."""
 
     def __init__(self, fd: int, take: Callable[[str], None]):
-        self.fd, self.take, self.pending, self.eof = fd, take, b"", False
+        self.fd = fd
+        self.take = take
+        self.pending = b""
+        self.eof = False
         self.poller = select.poll()  # not select(): a long-lived kernel may hold more than 1024 descriptors
         self.poller.register(fd, select.POLLIN)
 

@@ -34,8 +34,12 @@ class Ticker:
     it."""
 
     def __init__(self, draw: Callable[[float], None], terminal: bool = True):
-        self.draw, self.lock, self.closed = draw, threading.Lock(), threading.Event()
-        self.handle, self.tty, self.shown = None, None, ""
+        self.draw = draw
+        self.lock = threading.Lock()
+        self.closed = threading.Event()
+        self.handle = None
+        self.tty = None
+        self.shown = ""
         if in_kernel():
             from IPython.display import display
 
@@ -137,7 +141,10 @@ class RankStatus(StatusLine):
     def __init__(self, nproc: int, limit: float | None, starting: str = "starting {n} ranks… {s} s{up}",
                  running: str = "{n} ranks running — {s} s ({limit})", up: int = 0,
                  tick: Callable[[], None] | None = None, since: float | None = None):
-        self.nproc, self.up, self.starting, self.running = nproc, up, starting, running
+        self.nproc = nproc
+        self.up = up
+        self.starting = starting
+        self.running = running
         self.limit = "no limit" if limit is None else f"limit {limit:g} s"
         super().__init__(self.line, tick, since)
 

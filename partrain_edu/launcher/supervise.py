@@ -41,7 +41,11 @@ def supervise(commands: list[list[str]], env: dict[str, str], run: Run, timeout:
     procs: list[subprocess.Popen | agent_server.Forked] = []
     readers: list[Lines] = []
     deadline = None if timeout is None else start + timeout
-    timed_out, mismatch, watch, failed_at, up = False, None, findings.Watch(run.run_dir, run.nproc), None, 0
+    timed_out = False
+    mismatch = None
+    watch = findings.Watch(run.run_dir, run.nproc)
+    failed_at = None
+    up = 0
     try:
         for command, take in zip(commands, takes, strict=True):
             procs.append(agent_server.popen(command, env))  # an agent is forked by a server that imported torch

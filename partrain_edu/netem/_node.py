@@ -32,7 +32,10 @@ def own_hostname(name: str) -> None:
 
 
 def main(argv: list[str]) -> None:
-    launcher, hostname, netns, torchrun_args = int(argv[0]), argv[1], argv[2], argv[3:]
+    launcher = int(argv[0])
+    hostname = argv[1]
+    netns = argv[2]
+    torchrun_args = argv[3:]
     die_with_parent(launcher)
     cgroup.join(os.environ.get(cgroup.ENV))  # as the agent: all the ranks start stays in the run's cgroup
     own_hostname(hostname)

@@ -17,7 +17,10 @@ class LiveOutput:
     REFRESH_S = 0.2  # redraw the live area at most 5 times a second: cheap for the browser
 
     def __init__(self, show_rank: int | None = None):
-        self.show_rank, self.lines, self.last_draw, self.drawn = show_rank, [], 0.0, 0
+        self.show_rank = show_rank
+        self.lines = []
+        self.last_draw = 0.0
+        self.drawn = 0
         self.handle, self.lock = None, threading.Lock()  # `flush` comes from the status line's thread
         if in_kernel():
             from IPython.display import display

@@ -129,7 +129,9 @@ class GradBucketHooks:
     While `enabled` is False (gradient accumulation without sync) the hooks do nothing."""
 
     def __init__(self, buckets: list[Bucket], launch: Callable[[Bucket], None], finish: Callable[[], None]):
-        self.buckets, self.launch, self.finish = buckets, launch, finish
+        self.buckets = buckets
+        self.launch = launch
+        self.finish = finish
         self.enabled = True
         self._bucket_of = {id(p): b for b in buckets for p in b.params}   # by identity: tensors compare by value
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for b in buckets for p in b.params]

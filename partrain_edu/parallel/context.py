@@ -136,13 +136,20 @@ class _RingAttention(torch.autograd.Function):
                 log.append({"pass": "forward", "step": step, "block": src, "scores": scores, "sent": sent})
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)  # this rank's blocks only: 1/n of the whole sequence's
-        ctx.group, ctx.sharding, ctx.causal, ctx.scale, ctx.log = group, sharding, causal, scale, log
+        ctx.group = group
+        ctx.sharding = sharding
+        ctx.causal = causal
+        ctx.scale = scale
+        ctx.log = log
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        group, sharding, scale, log = ctx.group, ctx.sharding, ctx.scale, ctx.log
+        group = ctx.group
+        sharding = ctx.sharding
+        scale = ctx.scale
+        log = ctx.log
         me, n, right, left = ring_neighbours(group)
         qf, do = q.float(), dout.float()
         delta = (do * out.float()).sum(-1)          # D_i = Σ_d dO·O: softmax's backward, per query (FlashAttention-2)
@@ -215,7 +222,9 @@ class RingAttention:
     rank's `positions()` wherever it looks positions up. `log` collects every call's ring steps."""
 
     def __init__(self, group, sharding: Sharding):
-        self.group, self.sharding, self.log = group, sharding, []
+        self.group = group
+        self.sharding = sharding
+        self.log = []
         self.rank = dist.get_rank(group)
         self._saved = None
 

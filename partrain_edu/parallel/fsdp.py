@@ -53,7 +53,9 @@ class FullyShardedDataParallel(nn.Module):
     def __init__(self, module: nn.Module, group=None, units: Iterable[nn.Module] | Callable | None = None,
                  mixed_precision: MixedPrecision | None = None, prefetch: bool = False):
         super().__init__()
-        self.module, self.group, self.prefetch = module, group, prefetch
+        self.module = module
+        self.group = group
+        self.prefetch = prefetch
         self.sync = True                                    # False inside no_sync(): gradients kept full
         self.mixed_precision = mixed_precision or MixedPrecision()
         broadcast_parameters(module, group)                 # every rank shards rank 0's weights and buffers

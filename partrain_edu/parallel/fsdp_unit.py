@@ -71,7 +71,9 @@ class UnitShard:
 
     def __init__(self, unit: "Unit", params: list[nn.Parameter], slots: list[list[tuple[nn.Module, str, str]]],
                  keep_dtype: bool = False):
-        self.unit, self.owner, self.slots = unit, unit.owner, slots
+        self.unit = unit
+        self.owner = unit.owner
+        self.slots = slots
         self.trainable = params[0].requires_grad
         self.flat = FlatShard(params, self.owner.group, keep_full=False)
         for piece in self.flat.pieces:
@@ -195,7 +197,9 @@ class Unit:
     """A module whose own parameters (those of its sub-units excluded) are gathered while it computes."""
 
     def __init__(self, index: int, module: nn.Module, owner):
-        self.index, self.module, self.owner = index, module, owner
+        self.index = index
+        self.module = module
+        self.owner = owner
         self.shards: list[UnitShard] = []
 
     @property

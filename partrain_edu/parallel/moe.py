@@ -68,7 +68,9 @@ class MoE(nn.Module):
         if capacity_factor is not None and not capacity_factor > 0:
             raise ValueError(f"capacity_factor must be > 0 (Switch uses 1.0–1.25) or None, got {capacity_factor!r}")
         gen = torch.Generator().manual_seed(init_seed)           # same weights on every rank, global RNG untouched
-        self.k, self.capacity_factor, self.aux_weight = k, capacity_factor, aux_weight
+        self.k = k
+        self.capacity_factor = capacity_factor
+        self.aux_weight = aux_weight
         self.router = nn.Linear(n_embd, experts, bias=False)
         hidden = hidden or 4 * n_embd                            # a transformer MLP per expert: H → 4H → H
         self.experts = nn.ModuleList(nn.Sequential(nn.Linear(n_embd, hidden), nn.GELU(), nn.Linear(hidden, n_embd))

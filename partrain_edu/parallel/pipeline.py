@@ -118,7 +118,11 @@ class PipelineExecutor:
 
     def __init__(self, schedule: Schedule, chunks: list[nn.Module], stage: int, ranks: list[int],
                  mailbox: Mailbox, loss_fn, clock=time.perf_counter):
-        self.schedule, self.chunks, self.stage, self.ranks, self.mail = schedule, chunks, stage, ranks, mailbox
+        self.schedule = schedule
+        self.chunks = chunks
+        self.stage = stage
+        self.ranks = ranks
+        self.mail = mailbox
         self.loss_fn = loss_fn  # (last virtual stage's output, targets) → the micro-batch's mean loss
         self.clock = clock      # what events are timed with: wall time, or an emulated device's clock
         self.charged = None     # (kind, chunk) → a context around each action's work: an emulated device's cost
@@ -144,7 +148,9 @@ class PipelineExecutor:
         m = 1 if self.schedule.batch_scale > 1 else self.schedule.microbatches  # naive: one whole batch
         micro = split_microbatches(x, y, m)          # [(B/m, …), (B/m, …)] per micro-batch
         stash: dict[tuple[int, int], tuple] = {}     # (mb, chunk) → (input, output, recorded), then W's work
-        self.events, self.peak, loss_sum = [], 0, 0.0
+        self.events = []
+        self.peak = 0
+        loss_sum = 0.0
         for a in self.schedule.actions[self.stage]:
             v, key = a.chunk * self.p + self.stage, (a.microbatch, a.chunk)
             if a.kind == "F":

@@ -45,7 +45,9 @@ class _Regather:
     many matmuls saved it: q, k and v share one) when backward first needs it."""
 
     def __init__(self, shard: torch.Tensor, group):
-        self.shard, self.group, self._full = shard, group, None
+        self.shard = shard
+        self.group = group
+        self._full = None
 
     def full(self) -> torch.Tensor:
         if self._full is None:

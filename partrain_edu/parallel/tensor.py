@@ -66,7 +66,9 @@ class TensorParallelRegion:
     sequence_parallel = False
 
     def __init__(self, group):
-        self.group, self.rank, self.size = group, dist.get_rank(group), dist.get_world_size(group)
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
 
     def enter(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, H) → (B, T, H)
         return copy_to_tensor_parallel(x, self.group)  # f

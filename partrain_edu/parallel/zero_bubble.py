@@ -51,7 +51,9 @@ def check_split(out: torch.Tensor, recorded, chunk: nn.Module) -> None:
     """Every path from `out` to a parameter must pass through its own module's output, or W would miss it
     (a weight used by another module, e.g. tied): a one-line ValueError. Walked once, on the first forward."""
     def reached(avoid) -> set[int]:  # ids of the parameters autograd reaches from `out` without passing `avoid`
-        seen, todo, found = set(), [out.grad_fn], set()
+        seen = set()
+        todo = [out.grad_fn]
+        found = set()
         while todo:
             node = todo.pop()
             if node is None or node is avoid or node in seen:

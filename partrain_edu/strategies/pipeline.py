@@ -95,7 +95,9 @@ class PipelineParallel(Strategy):
 
     def __init__(self, ctx, cfg, boundaries: list[int] | None = None):
         super().__init__(ctx, cfg)
-        p, v, m = self.pp, self.chunks_per_rank, cfg.microbatches
+        p = self.pp
+        v = self.chunks_per_rank
+        m = cfg.microbatches
         self.chunks = [c.to(ctx.device) for c in build_stages(cfg, ctx.rank, p, v, boundaries)]
         self.model = nn.ModuleList(self.chunks)
         self.optimizer = self.new_optimizer(self.model.parameters())

@@ -39,7 +39,9 @@ class TorchPipeline(Strategy):
 
     def __init__(self, ctx, cfg):
         super().__init__(ctx, cfg)
-        p, m, c = self.pp, cfg.microbatches, cfg.model
+        p = self.pp
+        m = cfg.microbatches
+        c = cfg.model
         (chunk,) = build_stages(cfg, ctx.rank, p)
         self.model = chunk.to(ctx.device)
         self.optimizer = self.new_optimizer(self.model.parameters())

@@ -52,11 +52,11 @@ def _search(f, lo: float, hi: float, steps: int = 30) -> float:
     fc, fd = f(c), f(d)
     for _ in range(steps):
         if fc <= fd:
-            b, d, fd = d, c, fc
+            b, d, fd = d, c, fc  # simultaneous: b takes the old d, d the old c
             c = b - g * (b - a)
             fc = f(c)
         else:
-            a, c, fc = c, d, fd
+            a, c, fc = c, d, fd  # simultaneous: a takes the old c, c the old d
             d = a + g * (b - a)
             fd = f(d)
     return (a + b) / 2

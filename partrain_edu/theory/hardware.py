@@ -87,7 +87,9 @@ SHAPES = {"gpt-1.3b": GPT_1_3B}
 
 def layer_forward_flops(shape: ModelShape, samples: int) -> float:
     """FLOPs of one transformer layer's forward over `samples` sequences: 24·B·s·h² + 4·B·s²·h."""
-    b, s, h = samples, shape.seq, shape.hidden
+    b = samples
+    s = shape.seq
+    h = shape.hidden
     return 24 * b * s * h * h + 4 * b * s * s * h
 
 

@@ -89,7 +89,10 @@ class Layout:
         """(members, members per node) of one group along `axis`: tp at stride 1, cp at stride tp, ep at stride
         tp·cp, dp — every replica of a weight, cp ranks included, as ZeRO shards over them — dp·cp at stride tp,
         edp (the experts' replicas) dp·cp/ep at stride tp·ep, pp at stride tp·cp·dp."""
-        tp, cp, ep, dp = self.tp, self.cp, self.ep, self.dp
+        tp = self.tp
+        cp = self.cp
+        ep = self.ep
+        dp = self.dp
         members, stride = {"tp": (tp, 1), "cp": (cp, tp), "ep": (ep, tp * cp), "dp": (dp * cp, tp),
                            "edp": (max(1, dp * cp // ep), tp * ep), "pp": (self.pp, tp * cp * dp)}[axis]
         if self.gpus <= self.gpus_per_node:          # one node holds every rank

@@ -82,7 +82,10 @@ def stage_params(model: ModelSpec, lay: Layout, stage: int) -> tuple[float, floa
 
 def activation_bytes_per_token(model: ModelSpec, lay: Layout, recompute: str | None = None) -> float:
     """Bytes one layer keeps per token of this GPU's micro-batch (the module docstring's terms, mean over MoE)."""
-    h, kv, f, tp = model.hidden, model.kv_dim, model.ffn_width, lay.tp
+    h = model.hidden
+    kv = model.kv_dim
+    f = model.ffn_width
+    tp = lay.tp
     recompute = recompute or lay.recompute
     sp = tp if lay.sp else 1
     if recompute == "full":
@@ -120,7 +123,9 @@ def stage_memory(model: ModelSpec, lay: Layout, stage: int = 0) -> StageMemory:
     sharded = dense / shard + experts / expert_shard
     held = dense + experts
     if lay.zero == 3:
-        weights, grads, optimizer = 4 * sharded, 4 * sharded, 8 * sharded
+        weights = 4 * sharded
+        grads = 4 * sharded
+        optimizer = 8 * sharded
     else:
         weights = 2 * held
         grads = lay.grad_bytes * (sharded if lay.zero == 2 else held)

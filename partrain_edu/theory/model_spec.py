@@ -95,7 +95,9 @@ class ModelSpec:
         return 2 * h * h + 2 * h * kv + (2 * h + 2 * kv if self.bias else 0)
 
     def mlp_params(self, width: int | None = None) -> int:
-        h, f, mats = self.hidden, width or self.ffn_width, 3 if self.gated else 2
+        h = self.hidden
+        f = width or self.ffn_width
+        mats = 3 if self.gated else 2
         return mats * h * f + ((mats - 1) * f + h if self.bias else 0)
 
     def norm_params(self) -> int:

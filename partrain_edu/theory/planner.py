@@ -29,7 +29,9 @@ from partrain_edu.theory.plan_reason import reason_for
 from partrain_edu.theory.traffic import LINKS
 from partrain_edu.units import format_bytes, format_count, parse_size
 
-SEQ, VOCAB, HEAD_DIM = 2048, 51200, 128
+SEQ = 2048
+VOCAB = 51200
+HEAD_DIM = 128
 GLOBAL_BATCH = 1024             # sequences per optimizer step
 DEFAULT_DEVICE = "h100-sxm"
 SIMPLICITY_MARGIN = 1.10        # a simpler family may be up to 10 % slower than the fastest layout

@@ -68,7 +68,9 @@ def _one_f_one_b(p: int, m: int, s: int) -> list[Action]:
 
 
 def _zb_h1(p: int, m: int, s: int) -> list[Action]:
-    acts, delay, next_w = [], s, 0  # W(j) runs after B(j + s): s extra micro-batches in flight
+    acts = []
+    delay = s  # W(j) runs after B(j + s): s extra micro-batches in flight
+    next_w = 0
     for action in _one_f_one_b(p, m, s):
         acts.append(action)
         if action.kind == "B" and action.microbatch >= delay:
@@ -94,7 +96,9 @@ def _interleaved(p: int, m: int, v: int, s: int) -> list[Action]:
 
 def build_schedule(name: str, stages: int, microbatches: int, chunks: int = 1) -> Schedule:
     """The per-stage action lists of schedule ``name`` (one of SCHEDULES)."""
-    p, m, v = stages, microbatches, chunks
+    p = stages
+    m = microbatches
+    v = chunks
     for flag, value in (("--stages", p), ("--microbatches", m), ("--chunks", v)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{flag} must be a positive whole number, got {value!r}")
@@ -252,14 +256,19 @@ def bubble_formula(schedule: str, stages: int, microbatches: int, chunks: int = 
     """The closed-form bubble of ``schedule`` for equal stages, as (text, value); None where there is none:
     naive (p−1)/p; GPipe and 1F1B (p−1)/(m+p−1) (Huang et al. 2019); interleaved (p−1)/(v·m+p−1)
     (Narayanan et al. 2021); ZB-H1 (p−1)(F+B−W)/(m(F+B+W)+(p−1)(F+B−W)) (Qi et al. 2024)."""
-    p, m, v = stages, microbatches, chunks
+    p = stages
+    m = microbatches
+    v = chunks
     if schedule == "naive":
         return f"(p−1)/p = {p - 1}/{p}", Fraction(p - 1, p)
     if schedule in ("gpipe", "1f1b"):
         return f"(p−1)/(m+p−1) = {p - 1}/{m + p - 1}", Fraction(p - 1, m + p - 1)
     if schedule == "interleaved":
         return f"(p−1)/(v·m+p−1) = {p - 1}/{v * m + p - 1}", Fraction(p - 1, v * m + p - 1)
-    f, b, wt = (Fraction(x).limit_denominator(1000) for x in (t_forward, t_backward, t_weight))
+    # The bubble is homogeneous in F, B, W: read them relative to the largest, so costs in seconds (1.3e-3) keep
+    # their ratios as well as costs in ms do, and small fractions stay readable (1/3, not a binary expansion).
+    scale = max(t_forward, t_backward, t_weight) or 1.0
+    f, b, wt = (Fraction(x / scale).limit_denominator(10**6) for x in (t_forward, t_backward, t_weight))
     if schedule == "zb-h1" and m >= p and wt <= f:
         idle = (p - 1) * (f + b - wt)
         return "(p−1)(F+B−W)/(m(F+B+W)+(p−1)(F+B−W))", idle / (m * (f + b + wt) + idle)

@@ -99,7 +99,9 @@ def fit_alpha_beta(samples: list[tuple[str, int, int, float]]) -> tuple[float, f
         raise ValueError("need at least two timed collectives, each with a positive time")
     # Normal equations of min Σ ((a·k + b·x − t)/t)²: relative errors, so small messages count as much as big ones.
     w = [(k / t, x / t) for k, x, t in rows]        # each row: a·(k/t) + b·(x/t) ≈ 1
-    skk, skx, sxx = sum(k * k for k, _ in w), sum(k * x for k, x in w), sum(x * x for _, x in w)
+    skk = sum(k * k for k, _ in w)
+    skx = sum(k * x for k, x in w)
+    sxx = sum(x * x for _, x in w)
     sk, sx = sum(k for k, _ in w), sum(x for _, x in w)
     det = skk * sxx - skx * skx
     if det <= 0:

@@ -61,7 +61,9 @@ class WidgetApp(w.VBox):
 
     def __init__(self, name: str, controls: dict[str, w.Widget], sections: list[Section], *,
                  intro: str = "", links: Callable[["WidgetApp"], None] | None = None):
-        self.name, self.controls, self.sections = name, controls, sections
+        self.name = name
+        self.controls = controls
+        self.sections = sections
         self._held = 0
         children = [w.HTML(f"<b>{html.escape(intro)}</b>")] if intro else []
         for section in sections:
@@ -112,7 +114,10 @@ class WidgetApp(w.VBox):
             section.message.value = (f"<span style='color:{OVER}'>⚠ {html.escape(text)}</span>"
                                      + (" <i>(the figure shows the last valid setting)</i>" if section.png else ""))
             return
-        section.error, section.sentence, section.png, section.figure = "", sentence, png, fig
+        section.error = ""
+        section.sentence = sentence
+        section.png = png
+        section.figure = fig
         show_png(section.output, png, f"{self.name} figure")  # the picture first: the page gets it before the words
         section.message.value = f"<span style='font-size:1.05em'>{sentence}</span>"
 

@@ -69,7 +69,10 @@ class Layered:
     """
 
     def __init__(self):
-        self.fig, self.canvas, self.keys, self.framed = None, None, [], set()
+        self.fig = None
+        self.canvas = None
+        self.keys = []
+        self.framed = set()
         self.layers: list[tuple[list, object]] = []  # per key: (what that layer added, the pixels after it)
         self.data: list = []
 

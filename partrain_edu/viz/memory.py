@@ -93,7 +93,9 @@ def _frame(estimates: list[MemoryEstimate], title: str) -> Figure:
 def _scale(fig: Figure, estimates: list[MemoryEstimate], device_bytes: int, title: str) -> list:
     """What changes with the model and the device, not with the ZeRO stage or dp: the GB scale, the device's
     memory, the title; returns them."""
-    ax, top, device = fig.axes[0], _top(estimates, device_bytes), device_bytes / 1e9
+    ax = fig.axes[0]
+    top = _top(estimates, device_bytes)
+    device = device_bytes / 1e9
     ax.set_ylim(0, top)
     right = ax.get_yaxis_transform()  # x in axes fractions, y in GB: labels in the right margin
     added = [ax.axhspan(device, top, color=OVER, alpha=0.05, lw=0),  # above the line: out of memory
@@ -110,7 +112,9 @@ def _data(fig: Figure, estimates: list[MemoryEstimate], selected: int, device_by
     """The bars, their values, the outline of the selected stage (and dp); returns what it added."""
     if selected not in range(4):
         raise ValueError("selected must be a ZeRO stage, 0–3")
-    ax, top, device = fig.axes[0], _top(estimates, device_bytes), device_bytes / 1e9
+    ax = fig.axes[0]
+    top = _top(estimates, device_bytes)
+    device = device_bytes / 1e9
     # the axis lines go over the bars' white edges, the shading and the device line, as in a full draw
     added, bottom = [ax.spines["bottom"], ax.spines["left"]], [0.0] * 4
     for key, label, color in _components(estimates):

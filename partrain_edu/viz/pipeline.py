@@ -209,7 +209,9 @@ def _data(fig: Figure, tl: _Timeline, title: str, formula: str, row_label: str) 
 
 
 def _draw(v: dict, painter: Layered | None = None) -> tuple:
-    p, m, name = v["stages"], v["microbatches"], v["schedule"]
+    p = v["stages"]
+    m = v["microbatches"]
+    name = v["schedule"]
     chunks = v["chunks"] if name == "interleaved" else 1
     costs = [1.0] * (p - 1) + [v["last_stage"]] if v["last_stage"] != 1 else None
     result = simulate(build_schedule(name, p, m, chunks), v["t_forward"], v["t_backward"], v["t_weight"], costs)

@@ -107,7 +107,9 @@ def _data(fig: Figure, traffic: dict, degrees: dict[str, int], measured: dict[st
     largest = max([t.per_rank_bytes_sent for t in traffic.values()]
                   + [sum(op["bytes"] for op in comm.values()) for comm in (measured or {}).values()] + [1])
     unit, scale = next((u, f) for u, f in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1)) if largest >= f or f == 1)
-    seen, pieces, added = {}, [], [bars.spines["left"]]  # the spine over the bars' white edges, as a full draw
+    seen = {}
+    pieces = []
+    added = [bars.spines["left"]]  # the spine over the bars' white edges, as a full draw
     for y, (key, _) in enumerate(rows):
         left = 0
         for c in traffic[key].collectives:
@@ -136,7 +138,9 @@ def _data(fig: Figure, traffic: dict, degrees: dict[str, int], measured: dict[st
 
     # time on each link, coloured from green (hidden easily) to red (dominates the step), log scale:
     # one collection of cells (a patch each costs more to add and draw), its text on each
-    cmap, cells, shades = plt.get_cmap("RdYlGn_r"), [], []
+    cmap = plt.get_cmap("RdYlGn_r")
+    cells = []
+    shades = []
     for y, (key, _) in enumerate(rows):
         for x, link in enumerate(LINKS):
             seconds = link_time(traffic[key].per_rank_bytes_sent, link)
@@ -165,7 +169,10 @@ def _collective_drawer():
     painter = Layered()  # one per widget: the labels and the curve are redrawn only for a new op, n or S
 
     def draw(v: dict) -> tuple[Figure, str, bytes]:
-        op, n, step, size = v["op"], v["ranks"], v["step"], parse_size(v["size"])
+        op = v["op"]
+        n = v["ranks"]
+        step = v["step"]
+        size = parse_size(v["size"])
         check_step(op, n, step)
         fig, png = painter.paint((op, n, size), lambda: collective_frame(op, n, size),
                                  lambda fig: collective_data(fig, op, n, step, size))

@@ -163,7 +163,9 @@ def cost_of(flops: list[int], chosen) -> int:
 
 def judge(run: Run, budget: int, seen: Reader) -> tuple[int, str] | None:
     """(when, problem): the first problem of the run at `budget`, in the order the quantities arise."""
-    ref, n, where = measured(run), len(run.stack.hidden), f"budget {budget} B"
+    ref = measured(run)
+    n = len(run.stack.hidden)
+    where = f"budget {budget} B"
     got_x = seen["x"].tensor()
     changed = [name for (name,) in seen["changed"].records(("name",), most=64, what="parameter names")]
     if differ("", ref["x"], got_x) is not None or changed:

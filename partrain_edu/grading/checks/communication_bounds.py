@@ -141,7 +141,9 @@ def _degree_check(name, fn, cases, slack_of, times, *, what: str, cancels: str, 
     if not wrong:
         return []
     i = wrong[0]   # the first case wrong: its numbers are told
-    (label, args), got, slack = cases[i], answers[i], slacks[i]
+    label, args = cases[i]
+    got = answers[i]
+    slack = slacks[i]
     said = f"{name}{args} — {label}: expected {largest_degree(slack)}, got {got}"
     if got < 1:
         return [f"{said}. Hint: one device sends nothing, so 1 always works: the answer is at least 1"]

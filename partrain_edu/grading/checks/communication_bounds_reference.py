@@ -79,7 +79,9 @@ def _tie(rng, make) -> tuple[str, tuple]:
     3·h·β/F and the like are exact in floats, whatever order a solution multiplies in. `make(F, β)` gives the
     arguments, or None when these F and β cannot hit its bound."""
     while True:
-        a, b, c = rng.randint(48, 50), rng.randrange(1, 16, 2), rng.randint(30, 39)
+        a = rng.randint(48, 50)
+        b = rng.randrange(1, 16, 2)
+        c = rng.randint(30, 39)
         flops, beta = 2.0**a, float(b * 2**c)
         args = make(flops, beta) if 20e9 <= beta <= 460e9 else None
         if args is not None:

@@ -171,7 +171,9 @@ def _verify_setup(c: int, s: Setup, me: int, seen: Reader) -> Problem | None:
 def _events_problem(where, at, s, events, plan, order, sizes) -> Problem | None:
     """The first event that departs from the plan: bucket k launched right after the gradient that fills it, with
     its bytes, over the group, async_op=True, and no wait before the last gradient."""
-    produced, launched, bits = [], [], sum(1 << r for r in s.ranks)
+    produced = []
+    launched = []
+    bits = sum(1 << r for r in s.ranks)
     launches = [e[1] for e in events if e[0] == "launch"]
     for t, (kind, x, y, z) in enumerate(events):
         due = len(launched) < len(plan) and set(plan[len(launched)]) <= set(produced)   # buckets leave in order

@@ -27,7 +27,9 @@ class _Watched:
     """The work an all-reduce returned: notes when the learner waits on it; anything else goes to the work."""
 
     def __init__(self, work, events: list, call: int):
-        self._work, self._events, self._call = work, events, call
+        self._work = work
+        self._events = events
+        self._call = call
 
     def wait(self, *args, **kwargs):
         _note(self._events, "wait", self._call)
@@ -43,7 +45,9 @@ class BackwardLog:
     ["launch", bytes, async_op, group bits] for each dist.all_reduce; ["wait", call, 0, 0] on its work."""
 
     def __init__(self, params: list[nn.Parameter], group):
-        self.group, self.bits, self.events = group, group_bits(group), []
+        self.group = group
+        self.bits = group_bits(group)
+        self.events = []
         for k, p in enumerate(params):
             p.register_hook(functools.partial(self._produced, k))
 

@@ -67,8 +67,12 @@ def _whole(value) -> bool:
 def per_parameter(fn, zero: int, rng) -> tuple[Fraction, Fraction] | None:
     """(bytes per parameter your answer keeps whole, bytes per parameter it divides by N_d) at stage `zero`,
     measured on models whose Ψ N_d divides (no padding); None when its answers are not of that form."""
-    shard, d1, d2 = rng.randrange(10**6, 10**8), rng.choice((8, 16, 64)), rng.choice((4, 32, 128))
-    one, spread, check = fn(shard * d1, 1, zero), fn(shard * d1, d1, zero), fn(shard * d2, d2, zero)
+    shard = rng.randrange(10**6, 10**8)
+    d1 = rng.choice((8, 16, 64))
+    d2 = rng.choice((4, 32, 128))
+    one = fn(shard * d1, 1, zero)
+    spread = fn(shard * d1, d1, zero)
+    check = fn(shard * d2, d2, zero)
     if not all(map(_whole, (one, spread, check))):
         return None
     total = Fraction(one, shard * d1)

@@ -127,7 +127,9 @@ def contributions(step: Step, stage: int) -> tuple[list[list[torch.Tensor]], tor
     modules = [stage_module(step, s) for s in range(STAGES)]
     inputs, targets = batch(step)
     params = list(modules[stage].parameters())
-    per_mb, losses, saved = [], [], 0
+    per_mb = []
+    losses = []
+    saved = 0
     with torch.enable_grad():  # the learner's kernel may have turned autograd off
         for x, y in zip(inputs, targets, strict=True):
             counter = SavedBytes(params)

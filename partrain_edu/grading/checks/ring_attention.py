@@ -71,7 +71,9 @@ def _raised(error: Exception, when: str) -> dict:
 
 def reached_calls(out: torch.Tensor) -> set[int]:
     """The indices (`ring_call`, noted by the given while watching) of the passes whose results `out` depends on."""
-    found, seen, todo = set(), {}, [out.grad_fn]
+    found = set()
+    seen = {}
+    todo = [out.grad_fn]
     while todo and len(seen) < 100_000:
         node = todo.pop()
         if node is None or id(node) in seen:
@@ -175,7 +177,9 @@ def traffic_problem(seen: Reader, cfg: Config, g: int, what: str) -> str | None:
 
 def judge(cfg: Config, g: int, seen: Reader) -> tuple[int, str] | None:
     """(when, problem): the first problem of member g's run of configuration `cfg`, in the order they arise."""
-    rank, ref, label = cfg.members[g], reference(cfg), cfg.label
+    rank = cfg.members[g]
+    ref = reference(cfg)
+    label = cfg.label
     mine = cfg.block(g)
     if seen["raised"].value is not None:
         return raised_problem(seen["raised"], label, rank)

@@ -83,11 +83,16 @@ def ring_output(cfg: Config, g: int, *, steps: int | None = None, me: int | None
     """Member g's output from a ring of `steps` steps — the block in hand at step s is member (g − s) mod n's, as
     pass_to_next delivers it — masked as if this rank were member `me` of `n` holding owner(me, s, n)'s block;
     merged with log-sum-exp, "average" (each block's own softmax, averaged) or "no rescale"."""
-    (q, k, v), size, rows = reference(cfg)["qkv"], len(cfg.members), cfg.rows
-    steps, me, n = steps or size, g if me is None else me, n or size
+    q, k, v = reference(cfg)["qkv"]
+    size = len(cfg.members)
+    rows = cfg.rows
+    steps, me, n = steps or size, g if me is None else me, n or size  # simultaneous: each reads the name it sets
     causal = cfg.causal if causal is None else causal
     qg, queries = q[:, cfg.block(g)], me * rows + torch.arange(rows)
-    m, mass, acc, outs = torch.full((cfg.heads, rows, 1), -math.inf, dtype=q.dtype), 0, 0, []
+    m = torch.full((cfg.heads, rows, 1), -math.inf, dtype=q.dtype)
+    mass = 0
+    acc = 0
+    outs = []
     for s in range(steps):
         held = cfg.block((g - s) % size)
         scores = qg @ k[:, held].transpose(-2, -1) / math.sqrt(cfg.dim)

@@ -48,7 +48,10 @@ class Kernel:
         job = work / "cells.json"
         job.write_text(json.dumps({"cells": cells}))
         job.chmod(0o444)
-        self.isolation, self.errors, self.dead, self._id = isolation, [], None, 0
+        self.isolation = isolation
+        self.errors = []
+        self.dead = None
+        self._id = 0
         self.proc = isolation.spawn([sys.executable, "-I", "-m", f"{HEADLESS}.kernel", str(job)], work)
         self.channel = Channel(self.proc)
 
@@ -236,7 +239,10 @@ class _Function:
     """Stands in for a learner's function inside an in-process check: each call is a request to the kernel."""
 
     def __init__(self, kernel: Kernel, name: str, check: str, deadline: float):
-        self.__name__, self._kernel, self._check, self._deadline = name, kernel, check, deadline
+        self.__name__ = name
+        self._kernel = kernel
+        self._check = check
+        self._deadline = deadline
 
     def __call__(self, *args: Any) -> Any:
         return self._kernel.call(self.__name__, list(args), self._check, self._deadline)

@@ -26,7 +26,12 @@ import socket
 import struct
 import sys
 
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 32, 4096, 16384
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_REC = 16384
 TMPFS_OPTIONS = "mode=0755,size=512m"
 SCRATCH_OPTIONS = "mode=1777,size=64m"  # a `scratch` folder: empty, private to this jail, but writable by the user
 MAX_PROCESSES = 2048  # per user (threads count): a fork bomb stops here; torch ranks use a few dozen
@@ -67,7 +72,9 @@ def prepare_view(hide: list[str], readonly: list[str], writable: list[str], cove
 
 def loopback_up() -> None:
     """`ip link set lo up`, without needing iproute2: a fresh network namespace starts with lo down."""
-    get_flags, set_flags, up = 0x8913, 0x8914, 0x1  # SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP (linux/sockios.h)
+    get_flags = 0x8913  # SIOCGIFFLAGS (linux/sockios.h)
+    set_flags = 0x8914  # SIOCSIFFLAGS
+    up = 0x1           # IFF_UP
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         name, flags, pad = struct.unpack("16sH14s", fcntl.ioctl(s, get_flags, struct.pack("16sH14s", b"lo", 0, b"")))
         fcntl.ioctl(s, set_flags, struct.pack("16sH14s", name, flags | up, pad))

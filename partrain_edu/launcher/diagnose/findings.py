@@ -135,7 +135,10 @@ class Watch:
     a "behind" finding means every member waits or ended, so none can arrive."""
 
     def __init__(self, folder: str | os.PathLike, nproc: int, ended: bool = False):
-        self.folder, self.nproc, self.next_look, self.seen = folder, nproc, 0.0, None
+        self.folder = folder
+        self.nproc = nproc
+        self.next_look = 0.0
+        self.seen = None
         self.kinds = ("mismatch", "behind") if ended else ("mismatch",)
 
     def poll(self, finished: set[int] | None = None) -> Finding | None:

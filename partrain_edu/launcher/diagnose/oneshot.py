@@ -98,7 +98,9 @@ class TorchrunError(RuntimeError):
     def __init__(self, message: str, rank: int | None, rank_traceback: str = "",
                  outputs: dict[int, str] | None = None, timed_out: bool = False):
         super().__init__(message)
-        self.rank, self.rank_traceback, self.timed_out = rank, rank_traceback, timed_out
+        self.rank = rank
+        self.rank_traceback = rank_traceback
+        self.timed_out = timed_out
         self.outputs = outputs or {}
 
     def _render_traceback_(self) -> list[str]:

@@ -108,7 +108,9 @@ class Link:
         if match is None:
             self.launcher = self.launcher[-200:] + [line]
             return
-        rank, text, cell = int(match.group(1)), match.group(2), self.cell
+        rank = int(match.group(1))
+        text = match.group(2)
+        cell = self.cell
         if cell is not None and text == cell.mark:
             cell.marked.add(rank)
         elif text.startswith(MARK_PREFIX):

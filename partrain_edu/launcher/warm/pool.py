@@ -60,9 +60,14 @@ class Pool:
                  env: dict[str, str] | None = None, echo: Callable[[int | None, str], None] | None = print_echo,
                  started: Callable[[int], None] | None = None):
         self.timeout = check_arguments(nproc, timeout, None)
-        self.nproc, self.requested_backend, self.env = nproc, backend, dict(env or {})
+        self.nproc = nproc
+        self.requested_backend = backend
+        self.env = dict(env or {})
         self.echo = echo or (lambda rank, text: None)
-        self.up, self.backend, self.cells_run, self._link = False, "", 0, None
+        self.up = False
+        self.backend = ""
+        self.cells_run = 0
+        self._link = None
         self.start(started)
 
     def start(self, started: Callable[[int], None] | None = None) -> None:
@@ -75,8 +80,12 @@ class Pool:
             shutil.rmtree(self.dir)
             self.dir = Path(tempfile.mkdtemp(prefix="partrain_warm_", dir="/tmp"))
         (self.dir / "published").mkdir()
-        self.run_id, self.cells_run, self.started_at = uuid.uuid4().hex, 0, time.monotonic()
-        self.up, self._link, _LIVE[id(self)] = True, None, self
+        self.run_id = uuid.uuid4().hex
+        self.cells_run = 0
+        self.started_at = time.monotonic()
+        self.up = True
+        self._link = None
+        _LIVE[id(self)] = self
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listener.bind(str(self.dir / rank_loop.SOCKET_NAME))
@@ -134,7 +143,9 @@ class Pool:
         for r in cell.ranks:  # what a rank wrote after its last cell's end mark belongs to this one
             for text in link.pending.pop(r, []):
                 cell.show(r, text)
-        link.cell, start, ok = cell, time.monotonic(), False
+        link.cell = cell
+        start = time.monotonic()
+        ok = False
         try:
             with _stop_button() as presses:
                 for r in cell.ranks:

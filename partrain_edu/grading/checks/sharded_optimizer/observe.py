@@ -25,7 +25,11 @@ class GroupGuard:
     root]) and read as the group rank it likely meant, which torch would refuse or hang on."""
 
     def __init__(self, group):
-        self.group, self.bits, self.wrong, self.roots, self.saved = group, group_bits(group), [], [], []
+        self.group = group
+        self.bits = group_bits(group)
+        self.wrong = []
+        self.roots = []
+        self.saved = []
         self.members = [r for r in range(dist.get_world_size()) if self.bits >> r & 1]
 
     def __enter__(self):

@@ -114,7 +114,10 @@ def _verify_run(seed: int, i: int, s: Setup, me: int, seen: Reader) -> Problem |
 
 
 def _value_hint(run: dict, k: int, before: list[torch.Tensor], got, options: list, got_options: list) -> str:
-    s, me, names, owners = run["s"], run["me"], run["names"], run["owners"]
+    s = run["s"]
+    me = run["me"]
+    names = run["names"]
+    owners = run["owners"]
     if k in s.frozen:
         return (". It is frozen (requires_grad=False): leave it out of the inner optimizer, give it no gradient and "
                 "no state, and send it nowhere")
@@ -139,10 +142,15 @@ def _value_hint(run: dict, k: int, before: list[torch.Tensor], got, options: lis
 
 def _state_problem(where: str, run: dict, step: Reader, expected: list[int], owned: list[set]) -> str | None:
     """The optimizer-state rules (ZeRO P_os): one owner per trainable parameter, its state on that rank only."""
-    s, me, names, owners = run["s"], run["me"], run["names"], run["owners"]
+    s = run["s"]
+    me = run["me"]
+    names = run["names"]
+    owners = run["owners"]
     n, count = len(s.ranks), len(names)
     per, foreign = [c.count() for c in step["state"].items(count)], step["foreign"].count()
-    held, whole, largest = sum(per) + foreign, sum(expected), max(expected)
+    held = sum(per) + foreign
+    whole = sum(expected)
+    largest = max(expected)
     if held >= whole:
         everyone = all(len(owners[k]) == n for k in range(count) if k not in s.frozen)
         return (f"{where}: rank {me} holds {held} B of optimizer state (优化器状态) — the whole single-process "
@@ -175,7 +183,9 @@ def _state_problem(where: str, run: dict, step: Reader, expected: list[int], own
 
 def _traffic_problem(where: str, run: dict, step: Reader) -> str | None:
     """ZeRO-1's step moves each updated trainable parameter once, from its owner to every other rank."""
-    s, me, mine = run["s"], run["me"], run["mine"]
+    s = run["s"]
+    me = run["me"]
+    mine = run["mine"]
     ops = step["ops"].counts()
     other = sorted(set(ops) - {*GATHERS, "barrier"})
     if other:

@@ -76,7 +76,9 @@ def _values(seed: int, k: int, run: Run, step: int, me: int, seen: Reader, param
     """Loss, shards, x.grad and inputs of one step against one process on every member's batch; steps `params`
     by SGD. Returns (problems, each shard's move this step)."""
     members = mine(run.layout, me)[1]
-    n, i, at = len(members), members.index(me), (k, step, 0)
+    n = len(members)
+    i = members.index(me)
+    at = k, step, 0
     flat_params = [p for pair in params for p in pair]
     batches = [tuple(t.double() for t in batch(seed, k, step, r, run)) for r in members]
     x_me = batches[i][0].clone().requires_grad_()
@@ -132,7 +134,10 @@ def _values(seed: int, k: int, run: Run, step: int, me: int, seen: Reader, param
 
 def _traffic(run: Run, step: int, seen: Reader, members: tuple[int, ...], size: dict[str, int]) -> list[str]:
     """Kinds, calls and bytes sent of one step against FSDP's: each unit gathered twice, reduce-scattered once."""
-    s_root, s_unit, units, n = size["root"], size["unit"], run.units, len(members)
+    s_root = size["root"]
+    s_unit = size["unit"]
+    units = run.units
+    n = len(members)
     calls = seen["calls"].records(("name", "count"), what="calls")   # (op, payload bytes) of every traced call
     ring = {"all_reduce": 2, **{op: 1 for op in GATHERS + REDUCE_SCATTERS}}
     unit_sent = sum(-(-ring.get(op, 0) * (n - 1) * b // n) for op, b in calls if b == s_unit)
