@@ -17,6 +17,7 @@ import time
 
 from partrain_edu.config import add_train_arguments, config_from_args
 from partrain_edu.grading.headless.cli import add_subcommands as add_grading_subcommands
+from partrain_edu.problems.cli import add_subcommands as add_problems_subcommands
 from partrain_edu.theory.cli import add_subcommands as add_theory_subcommands
 
 
@@ -128,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_train.set_defaults(func=cmd_train)
     add_theory_subcommands(sub)   # memory, traffic, pipeline, plan
     add_grading_subcommands(sub)  # check
+    add_problems_subcommands(sub)  # problems list, show, grade, export
     parser.commands = sub.choices  # each command's own parser names the options it has (main)
     return parser
 

@@ -6,16 +6,26 @@ from pathlib import Path
 
 import pytest
 
+from partrain_edu.problems.bank import chapters, of_chapter
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 LESSON_LINES = 15        # a lesson cell: one idea; plotting and bookkeeping live in partrain_edu.viz / helpers
 RANK_PROGRAM_LINES = 20  # a %%torchrun / %%dist cell is a whole program every rank runs
 STALE = ("NBVAL", "(planned)", "(coming)")
+PROBLEMS_HEAD = "## Problems (习题)"
 EXERCISE_OF = {f"0{n}": f"0{n}_" for n in range(1, 8)}   # chapter 0N ends with a link to exercises/0N_*
 
 
 def cells(path):
     return json.loads(path.read_text())["cells"]
+
+
+def lesson_cells(path):
+    """The cells before the chapter's problem set (its last three cells, when it has one)."""
+    found = cells(path)
+    heads = [i for i, c in enumerate(found) if "".join(c["source"]).startswith(PROBLEMS_HEAD)]
+    return found[:heads[0]] if heads else found
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -52,7 +62,7 @@ def test_every_notebook_names_its_kernel(path):
 @pytest.mark.parametrize("chapter", sorted(EXERCISE_OF))
 def test_each_chapter_ends_with_a_link_to_its_exercise(chapter):
     path = next(p for p in NOTEBOOKS if p.name.startswith(chapter + "_"))
-    markdown = [c for c in cells(path) if c["cell_type"] == "markdown"]
+    markdown = [c for c in lesson_cells(path) if c["cell_type"] == "markdown"]
     tail = "".join("".join(c["source"]) for c in markdown[-2:])
     exercise = next((ROOT / "exercises").glob(EXERCISE_OF[chapter] + "*.ipynb"))
     assert re.search(rf"\]\(\.\./exercises/{re.escape(exercise.name)}\)", tail), \
@@ -64,3 +74,15 @@ def test_every_exercise_is_linked_from_a_chapter():
     linked = set(re.findall(r"\]\(\.\./exercises/([0-9a-z_]+\.ipynb)\)", text))
     exercises = {p.name for p in (ROOT / "exercises").glob("*.ipynb")}
     assert len(exercises) >= 12 and exercises <= linked, f"no chapter links to {sorted(exercises - linked)}"
+
+
+@pytest.mark.parametrize("chapter", sorted(chapters()))
+def test_each_chapter_ends_with_its_problem_set(chapter):
+    """The heading, `problem_set` for this chapter, and `sheet.check` with one None per problem."""
+    path = next(p for p in NOTEBOOKS if p.name.startswith(chapter + "_"))
+    tail = ["".join(c["source"]) for c in cells(path)[-3:]]
+    count = len(of_chapter(chapter))
+    assert tail[0].startswith(PROBLEMS_HEAD), f"{path.name}: end with the problems, under {PROBLEMS_HEAD!r}"
+    assert f'problem_set("{chapter}", seed=' in tail[1]
+    answers = ", ".join(f"{k}: None" for k in range(1, count + 1))
+    assert tail[2].startswith(f"sheet.check({{{answers}}})"), f"{path.name}: {count} answers, each None"
