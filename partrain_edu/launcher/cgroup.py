@@ -8,7 +8,7 @@ escapes (a process can leave a cgroup only by being moved out, which needs the r
 `processes` finds a run's processes by their PARTRAIN_RUN_ID or their ancestry; a rank's child that double-forks,
 calls setsid and clears its environment has neither, but it stays in the run's cgroup. Needs a writable cgroup2
 hierarchy with `cgroup.kill` (Linux 5.14), as root or in a delegated subtree; elsewhere `create` returns None
-and only the /proc scan stands (README, "What a run leaves behind").
+and only the scan stands (README's platform table says where).
 """
 from __future__ import annotations
 

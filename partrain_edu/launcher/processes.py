@@ -1,32 +1,35 @@
-"""Finding and signalling the processes of one launch, and never anybody else's.
+"""Finding and signalling the processes of one launch, and never anybody else's, through psutil.
 
 Every process of a launch (torchrun, each rank, whatever a rank starts) inherits `PARTRAIN_RUN_ID=<fresh id>` in
-its environment, so "the processes of this run" is a scan of /proc: it finds them whatever session or process group
-they moved to and whoever their parent is now (an agent forked by `agent_server` writes its launch's environment
-where /proc shows it: `take_environment`). A process that cleared its environment is still found while it
-descends from one that did not; one that also left that ancestry (a double fork) is not, and only the run's
-cgroup (`cgroup.py`, where the machine allows one) still holds it.
+its environment, so "the processes of this run" are those whose environment says so (psutil's
+`Process.environ()`) and all their descendants: found whatever session or process group they moved to (an agent
+forked by `agent_server` writes its launch's environment where the system shows it: `take_environment`, Linux).
+A process that cleared its environment is still found while it descends from one that did not; one that also
+left that ancestry (a double fork) is not, and only the run's cgroup (`cgroup.py`, where the machine allows one)
+still holds it.
 
 Signals are sent to single processes, never to a process group, so there is no PID 0, -1 or own group to hit by
-mistake. Each goes through a pidfd opened *after* checking that the PID still has the start time the scan saw: a
-process that exited and whose PID the kernel gave to someone else meanwhile is never signalled.
-
-Linux only: where there is no /proc nothing is found, and the launcher falls back to stopping torchrun itself.
+mistake. Each goes through a `psutil.Process` made *after* checking that the PID still has the start time the
+scan saw, and psutil checks it again before it signals: a process that exited and whose PID went to someone else
+meanwhile is never signalled. psutil reads each platform's own tables (Linux, macOS, Windows, the BSDs).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
+
+import psutil
 
 RUN_ENV = "PARTRAIN_RUN_ID"
 LAUNCHER_ENV = "PARTRAIN_LAUNCHER"  # identity() of the process that called torchrun(), for the ranks' watchdogs
-SUPPORTED = os.path.exists("/proc/self/stat")
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, ProcessLookupError)
 
 
 @dataclass(frozen=True)
@@ -34,25 +37,43 @@ class Proc:
     pid: int
     ppid: int
     pgid: int
-    start: int  # clock ticks after boot: with the pid, unique for the machine's uptime
+    start: int  # psutil's create time in 1/100 s: with the pid, unique for the machine's uptime
     session: int = -1
 
 
-def read(pid: int) -> Proc | None:
-    """The process `pid` now, or None if there is none or it has exited (a zombie: nothing left to signal)."""
+def _group_and_session(pid: int) -> tuple[int, int]:
+    if not hasattr(os, "getsid"):   # Windows has neither
+        return -1, -1
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-    except OSError:
+        return os.getpgid(pid), os.getsid(pid)
+    except (ProcessLookupError, PermissionError):
+        return -1, -1
+
+
+def _proc(p: psutil.Process) -> Proc | None:
+    """`p` as a Proc, or None once it has exited (a zombie: nothing left to signal)."""
+    try:
+        with p.oneshot():
+            if p.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                return None
+            ppid = p.ppid()
+            start = round(p.create_time() * 100)
+    except (*_GONE, psutil.AccessDenied):
         return None
-    fields = text.rsplit(")", 1)[1].split()  # the command name, in parentheses, may contain spaces
-    if fields[0] in ("Z", "X"):
+    pgid, session = _group_and_session(p.pid)
+    return Proc(p.pid, ppid, pgid, start, session)
+
+
+def read(pid: int) -> Proc | None:
+    """The process `pid` now, or None if there is none or it has exited."""
+    try:
+        return _proc(psutil.Process(pid))
+    except _GONE:
         return None
-    return Proc(pid, int(fields[1]), int(fields[2]), int(fields[19]), int(fields[3]))
 
 
 def identity(pid: int) -> str | None:
-    """"pid:start", which names this very process even after its PID is reused (None without /proc)."""
+    """"pid:start", which names this very process even after its PID is reused (None if it is gone)."""
     proc = read(pid)
     return None if proc is None else f"{proc.pid}:{proc.start}"
 
@@ -64,18 +85,15 @@ def is_running(ident: str) -> bool:
 
 
 def _table() -> dict[int, Proc]:
-    table = {}
-    for name in os.listdir("/proc") if SUPPORTED else ():
-        if name.isdigit() and (proc := read(int(name))) is not None:
-            table[proc.pid] = proc
-    return table
+    return {proc.pid: proc for p in psutil.process_iter() if (proc := _proc(p)) is not None}
 
 
-def _descendants(table: dict[int, Proc], roots: set[int]) -> set[int]:
+def _descendants(table: dict[int, Proc], roots: Iterable[int]) -> set[int]:
     children: dict[int, list[int]] = {}
     for proc in table.values():
         children.setdefault(proc.ppid, []).append(proc.pid)
-    found, todo = set(roots), list(roots)
+    found = set(roots)
+    todo = list(found)
     while todo:
         for child in children.get(todo.pop(), ()):
             if child not in found:
@@ -84,19 +102,18 @@ def _descendants(table: dict[int, Proc], roots: set[int]) -> set[int]:
     return found
 
 
-def _has_env(pid: int, entry: bytes) -> bool:
+def _has_env(pid: int, name: str, value: str) -> bool:
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return entry in f.read().split(b"\0")
-    except OSError:  # another user's process, or gone
+        return psutil.Process(pid).environ().get(name) == value
+    except (*_GONE, psutil.AccessDenied, OSError):   # another user's process, or gone
         return False
 
 
 def run_members(run_id: str) -> list[Proc]:
-    """Every live process of the run `run_id`, except the calling process."""
+    """Every live process of the run `run_id` (marked by its environment, or descending from a marked one),
+    except the calling process."""
     table = _table()
-    entry = f"{RUN_ENV}={run_id}".encode()
-    marked = {pid for pid in table if _has_env(pid, entry)}
+    marked = {pid for pid in table if _has_env(pid, RUN_ENV, run_id)}
     return [table[pid] for pid in sorted(_descendants(table, marked)) if pid in table and pid != os.getpid()]
 
 
@@ -113,34 +130,22 @@ def children(pid: int) -> list[Proc]:
 
 
 def session_members(sid: int) -> list[Proc]:
-    """Every live process of session `sid` or of process group `sid` (a child that changed its group but not its
-    session is still found; one that started a session of its own is not), except the calling process."""
-    return [p for p in _table().values() if sid in (p.session, p.pgid) and p.pid != os.getpid()]
+    """Every live process of session `sid` or of process group `sid`, and every descendant of process `sid` (a
+    child that started a session of its own is found while its parent lives), except the calling process."""
+    table = _table()
+    found = _descendants(table, {sid}) | {p.pid for p in table.values() if sid in (p.session, p.pgid)}
+    return [table[p] for p in sorted(found) if p in table and p != os.getpid()]
 
 
 def signal_each(procs: list[Proc], sig: int) -> None:
     for proc in procs:
         if proc.pid <= 1 or proc.pid == os.getpid():
             continue
-        try:
-            fd = os.pidfd_open(proc.pid)
-        except ProcessLookupError:
-            continue
-        except OSError:  # a kernel without pidfds (before 5.3): check, then signal by PID
-            fd = None
-        try:
-            now = read(proc.pid)
-            if now is None or now.start != proc.start:
-                continue  # it exited: that PID may be somebody else's by now
-            if fd is None:
-                os.kill(proc.pid, sig)
-            else:
-                signal.pidfd_send_signal(fd, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        finally:
-            if fd is not None:
-                os.close(fd)
+        with contextlib.suppress(*_GONE, psutil.AccessDenied):
+            target = psutil.Process(proc.pid)
+            if round(target.create_time() * 100) != proc.start:
+                continue  # it exited: that PID is somebody else's by now
+            target.send_signal(sig)   # psutil checks the identity again, just before it signals
 
 
 def stop(find: Callable[[], list[Proc]], grace_s: float) -> None:
@@ -154,7 +159,7 @@ def stop(find: Callable[[], list[Proc]], grace_s: float) -> None:
         left = find()
         if not left:
             return
-        signal_each(left, signal.SIGKILL)
+        signal_each(left, getattr(signal, "SIGKILL", signal.SIGTERM))   # Windows: TerminateProcess either way
         time.sleep(0.05)
 
 

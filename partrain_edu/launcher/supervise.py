@@ -36,7 +36,7 @@ def supervise(commands: list[list[str]], env: dict[str, str], run: Run, timeout:
     """Run `commands` (command i's lines go to `takes[i]`) until they end; `started(k)` is told each time the number
     of ranks whose process has started grows (`status_line.py`)."""
     start = time.perf_counter()
-    run.cgroup = cgroup.create(run.run_id)  # where allowed: what escapes the /proc scan stays in it (cgroup.py)
+    run.cgroup = cgroup.create(run.run_id)  # where allowed: what escapes the scan stays in it (cgroup.py)
     env = {**env, cgroup.ENV: run.cgroup} if run.cgroup else env
     procs: list[subprocess.Popen | agent_server.Forked] = []
     readers: list[Lines] = []
@@ -93,6 +93,6 @@ def stop(procs: list[subprocess.Popen | agent_server.Forked], run: Any) -> None:
     for proc in procs:
         try:
             proc.wait(KILL_GRACE_S)
-        except subprocess.TimeoutExpired:  # only without /proc, where the scan above finds nothing
+        except subprocess.TimeoutExpired:  # one the scan may not signal (another user's): stop it directly
             proc.kill()
             proc.wait()

@@ -140,7 +140,7 @@ class Link:
         cgroup.kill(self.cgroup)  # what the scan cannot find: a double-forked, setsid, env={} child
         try:
             self.proc.wait(KILL_GRACE_S)
-        except subprocess.TimeoutExpired:  # only without /proc, where the scan above finds nothing
+        except subprocess.TimeoutExpired:  # one the scan may not signal (another user's): stop it directly
             self.proc.kill()
             self.proc.wait()
         self.proc.stdout.close()

@@ -1,0 +1,64 @@
+"""launcher.processes, on psutil: a run's processes are found by their run id or their ancestry and stopped, a
+session's by its id or the leader's descendants, and a process whose PID now names another is never signalled."""
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+from partrain_edu.launcher import processes
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+# a marked process that starts an unmarked child in a session of its own: found through its ancestry
+PARENT = ("import os, subprocess, sys, time; env = {k: v for k, v in os.environ.items() if k != 'PARTRAIN_RUN_ID'}; "
+          "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], env=env, start_new_session=True); "
+          "time.sleep(60)")
+
+
+def _wait_for(condition, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
+
+
+def test_a_run_is_its_marked_processes_and_their_descendants_and_stop_ends_them_all():
+    run_id = uuid.uuid4().hex
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], env={**os.environ, processes.RUN_ENV: run_id})
+    try:
+        assert _wait_for(lambda: len(processes.run_members(run_id)) == 2)
+        members = processes.run_members(run_id)
+        assert members[0].pid == parent.pid or members[1].pid == parent.pid
+        processes.stop(lambda: processes.run_members(run_id), grace_s=1.0)
+        assert processes.run_members(run_id) == [] and parent.wait(5) == -signal.SIGTERM
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_a_process_whose_start_time_differs_is_never_signalled():
+    proc = subprocess.Popen(SLEEP)
+    try:
+        seen = processes.read(proc.pid)
+        assert seen is not None and processes.is_running(f"{seen.pid}:{seen.start}")
+        stale = processes.Proc(seen.pid, seen.ppid, seen.pgid, seen.start - 1, seen.session)  # "a reused PID"
+        processes.signal_each([stale], signal.SIGKILL)
+        time.sleep(0.2)
+        assert proc.poll() is None and not processes.is_running(f"{seen.pid}:{seen.start - 1}")
+        processes.signal_each([seen], signal.SIGKILL)
+        assert proc.wait(5) == -signal.SIGKILL and processes.read(proc.pid) is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_session_is_its_members_and_the_leaders_descendants():
+    leader = subprocess.Popen([sys.executable, "-c", PARENT], start_new_session=True)
+    try:
+        assert _wait_for(lambda: len(processes.session_members(leader.pid)) == 2)  # the child left the session
+        processes.stop(lambda: processes.session_members(leader.pid), grace_s=0.0)
+        assert processes.session_members(leader.pid) == [] and leader.wait(5) != 0
+    finally:
+        leader.kill()
+        leader.wait()
