@@ -62,3 +62,13 @@ def test_a_session_is_its_members_and_the_leaders_descendants():
     finally:
         leader.kill()
         leader.wait()
+
+
+def test_a_run_is_signalled_children_first():
+    """A rank's watchdog signals the run from inside it while the other rank's watchdog signals this rank: what
+    the ranks started comes first, or a rank SIGTERMed mid-sweep leaves it running (seen as a non-root user,
+    where no cgroup catches it)."""
+    agent, rank0, rank1, child, grandchild = (processes.Proc(pid, ppid, 0, 0) for pid, ppid in
+                                              ((10, 1), (11, 10), (12, 10), (13, 11), (14, 13)))
+    order = [p.pid for p in processes.children_first([agent, rank0, rank1, child, grandchild])]
+    assert order[0] == 14 and order.index(13) < order.index(11) and order[-1] == 10

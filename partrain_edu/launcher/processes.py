@@ -148,10 +148,25 @@ def signal_each(procs: list[Proc], sig: int) -> None:
             target.send_signal(sig)   # psutil checks the identity again, just before it signals
 
 
+def children_first(procs: list[Proc]) -> list[Proc]:
+    """`procs`, the deepest descendants first: whoever signals a run from inside it (a rank's watchdog, while
+    another rank's watchdog signals this one) has reached what the ranks started before it may die itself."""
+    parent = {p.pid: p.ppid for p in procs}
+
+    def depth(pid: int) -> int:
+        seen = 0
+        while pid in parent and seen < len(parent):
+            pid = parent[pid]
+            seen += 1
+        return seen
+
+    return sorted(procs, key=lambda p: -depth(p.pid))
+
+
 def stop(find: Callable[[], list[Proc]], grace_s: float) -> None:
-    """SIGTERM what `find()` returns, give it `grace_s` to exit, then SIGKILL what `find()` still returns. Found
-    again each round: a process may have started another one in between."""
-    signal_each(find(), signal.SIGTERM)
+    """SIGTERM what `find()` returns, children first, give it `grace_s` to exit, then SIGKILL what `find()` still
+    returns. Found again each round: a process may have started another one in between."""
+    signal_each(children_first(find()), signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and find():
         time.sleep(0.05)
@@ -159,7 +174,7 @@ def stop(find: Callable[[], list[Proc]], grace_s: float) -> None:
         left = find()
         if not left:
             return
-        signal_each(left, getattr(signal, "SIGKILL", signal.SIGTERM))   # Windows: TerminateProcess either way
+        signal_each(children_first(left), getattr(signal, "SIGKILL", signal.SIGTERM))   # Windows: one kill
         time.sleep(0.05)
 
 
