@@ -276,20 +276,14 @@ def test_backend_option_reaches_the_ranks_and_one_rank_works():
     assert result.published == {"backend": "gloo"} and set(result.outputs) == set()
 
 
-def test_torchrun_report_parsing_finds_every_failed_rank():
-    from partrain_edu.launcher.diagnose.oneshot import torchrun_exit_codes
+def test_each_node_s_saved_exit_codes_are_read_together(tmp_path):
+    from partrain_edu.launcher.torchrun_main import exit_codes
 
-    report = """Failures:
-[1]:
-  rank      : 0 (local_rank: 0)
-  exitcode  : 1 (pid: 3207)
-------------------------------------------------------
-Root Cause (first observed failure):
-[0]:
-  rank      : 1 (local_rank: 1)
-  exitcode  : -9 (pid: 3208)  (SIGKILL)
-"""
-    assert torchrun_exit_codes(report) == {0: 1, 1: -9}
+    assert exit_codes(tmp_path) == {}   # no torchrun has reported a failure (yet)
+    (tmp_path / "exit_codes.11.json").write_text(json.dumps({"0": 1, "1": -9}))
+    (tmp_path / "exit_codes.12.json").write_text(json.dumps({"3": -15}))
+    (tmp_path / "exit_codes.13.part").write_text("{")   # one being written: never read
+    assert exit_codes(tmp_path) == {0: 1, 1: -9, 3: -15}
 
 
 def test_a_peer_vanished_error_is_never_named_the_cause(tmp_path):

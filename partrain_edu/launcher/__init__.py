@@ -5,8 +5,9 @@
 | `oneshot`         | caller      | `torchrun(code, nproc)`: one run on fresh ranks (the `%%torchrun` magic's)       |
 | `supervise`       | caller      | start the run's commands, read their lines, stop every process however it ends |
 | `options`, `output` | caller    | limits, the ranks' environment; `[rank k]` lines, `Run`, `TorchrunResult`        |
-| `processes`, `cgroup` | caller  | find every process of a run (PID-reuse safe) and kill it; the run's cgroup      |
+| `processes`, `cgroup` | caller  | find every process of a run (psutil, PID-reuse safe), kill it; the run's cgroup |
 | `agent`           | torchrun    | torchrun, forking the ranks from itself and dying with its caller               |
+| `torchrun_main`   | torchrun    | torchrun's `main`; each failed rank's exit code saved from `ChildFailedError`    |
 | `agent_server`    | caller/own  | one process that imported torch and forks each launch's agent (~10 ms, not 2 s) |
 | `rank`, `call_records` | each rank | the wrapper every one-shot rank runs; the collective each rank is in, on disk |
 | `status_line`     | caller      | "starting 4 ranks… 8 s (2 of 4 up)" while a cell waits                           |

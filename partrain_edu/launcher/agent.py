@@ -32,7 +32,7 @@ import socket
 import sys
 from typing import Sequence
 
-from partrain_edu.launcher import cgroup
+from partrain_edu.launcher import cgroup, torchrun_main
 from partrain_edu.launcher.processes import die_with_parent
 
 _STORE_ARGS = ("world_size", "is_master", "timeout", "wait_for_workers", "multi_tenant", "master_listen_fd",
@@ -114,9 +114,7 @@ def main(argv: list[str]) -> None:
             importlib.import_module(module)
     serve_on_loopback_only()
     poll_forked_ranks_as_exec_ones()
-    from torch.distributed.run import main as torchrun_main
-
-    torchrun_main(rest)  # raises when a rank failed
+    torchrun_main.run(rest)  # raises when a rank failed, each failed rank's exit code saved
     # Every rank has been joined and torchrun's stores are closed: skip tearing down an interpreter that holds
     # torch (about 0.4 s, on every launch). Only what is buffered needs to go out first.
     logging.shutdown()

@@ -3,7 +3,8 @@
     python -m partrain_edu.netem._node LAUNCHER_PID HOSTNAME NETNS [torchrun options] \\
         -m partrain_edu.launcher.rank RUN_DIR
 
-It becomes `ip netns exec NETNS python -m torch.distributed.run [torchrun options] ...` (exec, same process)
+It becomes `ip netns exec NETNS python -m partrain_edu.launcher.torchrun_main [torchrun options] ...` (torchrun's
+main, with each failed rank's exit code saved; exec, same process)
 after two things a real node has and a namespace alone does not:
 1. it dies with the launcher (PR_SET_PDEATHSIG, as `launcher.agent`; kept across exec), and the ranks'
    watchdogs (`launcher.rank`) then stop the rest of the run;
@@ -39,7 +40,8 @@ def main(argv: list[str]) -> None:
     die_with_parent(launcher)
     cgroup.join(os.environ.get(cgroup.ENV))  # as the agent: all the ranks start stays in the run's cgroup
     own_hostname(hostname)
-    os.execv(IP, [IP, "netns", "exec", netns, sys.executable, "-m", "torch.distributed.run", *torchrun_args])
+    os.execv(IP, [IP, "netns", "exec", netns, sys.executable, "-m", "partrain_edu.launcher.torchrun_main",
+                  *torchrun_args])
 
 
 if __name__ == "__main__":

@@ -2,10 +2,11 @@
 
 The launcher's run folder says what each rank did: rank{k}.pid (started), rank{k}.error (raised; the traceback,
 trimmed to the learner's frames, and when), rank{k}.done (finished cleanly), rank{k}.calls (the collective it is
-in or made last, `launcher.call_records`). torchrun's own report adds the exit code of every rank that failed,
-negative for a signal. Most ranks that fail only fail because another one did: the job here is to find that other
-one, and to say in words what a collective mismatch (different sizes, dtypes, ops or order across ranks) was: from
-the call records where they show one, else as the backend reported it (`explain_mismatch`).
+in or made last, `launcher.call_records`). torchrun's `ChildFailedError` adds the exit code of every rank that
+failed, negative for a signal (saved as exit_codes.*.json by `launcher.torchrun_main`). Most ranks that fail only
+fail because another one did: the job here is to find that other one, and to say in words what a collective
+mismatch (different sizes, dtypes, ops or order across ranks) was: from the call records where they show one, else
+as the backend reported it (`explain_mismatch`).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import re
 import signal
 from typing import Any
 
+from partrain_edu.launcher import torchrun_main
 from partrain_edu.launcher.diagnose import findings
 from partrain_edu.launcher.diagnose.findings import MISMATCH_HINT
 
@@ -125,7 +127,7 @@ def failure(run: Any, returncode: int) -> TorchrunError:
     """Name the rank whose failure caused the others', show its traceback, and list the ranks left stuck.
     `run` is the launcher's `output.Run`."""
     errors = {e["rank"]: e for e in (json.loads(p.read_text()) for p in run.run_dir.glob("rank*.error"))}
-    exit_codes = torchrun_exit_codes("\n".join(run.launcher))
+    exit_codes = torchrun_main.exit_codes(run.run_dir)
     outputs = run.texts()
     # A rank killed by a signal (OOM killer, segfault, kill -9, Gloo's abort on a mismatch) writes no error; the
     # others then fail only because it vanished, so it is the cause, whichever failure torchrun saw first. SIGTERM
@@ -237,13 +239,6 @@ def _tidy(traceback_text: str) -> str:
 
 def _is_consequence(traceback_text: str) -> bool:
     return any(words in traceback_text for words in CONSEQUENCES)
-
-
-def torchrun_exit_codes(report: str) -> dict[int, int]:
-    """{rank: exit code} of every failed rank in torchrun's ChildFailedError report ("rank : 1 ..." then
-    "exitcode : -9 ..." in each block)."""
-    blocks = re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", report)
-    return {int(rank): int(code) for rank, code in blocks}
 
 
 def stuck_ranks(run: Any) -> list[int]:

@@ -137,9 +137,9 @@ def timed_out(cell: Cell, timeout: float, calls: Finding | None = None) -> DistE
 
 def died(cell: Cell, exit_codes: dict[int, int], lost: list[int | None], torchrun_code: int | None,
          calls: Finding | None = None) -> DistError:
-    """A rank's process, or torchrun, ended in the middle of a cell. `exit_codes`: torchrun's report; `lost`: the
-    ranks whose connection closed, in that order (torchrun stops the others after the first); `calls`: what the
-    ranks' call records say."""
+    """A rank's process, or torchrun, ended in the middle of a cell. `exit_codes`: torchrun's, as `torchrun_main`
+    saved them; `lost`: the ranks whose connection closed, in that order (torchrun stops the others after the
+    first); `calls`: what the ranks' call records say."""
     # As in oneshot.failure: a rank killed by a signal is the cause; SIGTERM is torchrun stopping the rest.
     killed = sorted(r for r, c in exit_codes.items() if c < 0 and c != -signal.SIGTERM)
     gone = [r for r in lost if r is not None]

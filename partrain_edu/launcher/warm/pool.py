@@ -28,10 +28,9 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from partrain_edu.launcher import agent
+from partrain_edu.launcher import agent, torchrun_main
 from partrain_edu.launcher.diagnose import findings
 from partrain_edu.launcher.diagnose import warm as diagnosis
-from partrain_edu.launcher.diagnose.oneshot import torchrun_exit_codes
 from partrain_edu.launcher.diagnose.warm import RESTART, Cell, DistError, DistInterrupted
 from partrain_edu.launcher.options import DEFAULT_RUN_TIMEOUT_S, check_arguments, check_timeout, rank_environment
 from partrain_edu.launcher.output import TorchrunResult, print_echo
@@ -201,12 +200,14 @@ class Pool:
         return findings.diagnose(self.dir, self.nproc, cell.finished_cleanly())
 
     def _died(self, cell: Cell) -> None:
-        """A rank's process ended: wait for torchrun's report of its exit code, stop everything, name it."""
+        """A rank's process ended: wait for torchrun to save its exit code (`torchrun_main`), stop everything,
+        name it."""
         end = time.monotonic() + REPORT_WAIT_S
         while self._link.proc.poll() is None and time.monotonic() < end:
             self._link.pump(0.05)
-        self._link.lines.read_ready()  # torchrun wrote its report before it exited (a forked agent exits at once)
-        codes, calls = torchrun_exit_codes("\n".join(self._link.launcher)), self._where_ranks_wait(cell)
+        self._link.lines.read_ready()  # the last lines torchrun wrote before it exited (a forked agent exits at once)
+        codes = torchrun_main.exit_codes(self.dir)
+        calls = self._where_ranks_wait(cell)
         self._kill()
         raise diagnosis.died(cell, codes, self._link.lost, self._link.proc.returncode, calls)
 
