@@ -188,5 +188,5 @@ def _unjailed(reason: str) -> Isolation:
     user = getpass.getuser()
     return Isolation(False, None, None, (), (), f"no sandbox ({reason}): each notebook ran as {user} in a private "
                      f"folder and its own session, killed at the time limit, but it could change anything {user} "
-                     "can (the package, other submissions) and import the course's implementations; run the "
-                     "grader as root on Linux for a sandbox")
+                     "can (the package, other submissions) and import the course's implementations; for a "
+                     "sandbox run the grader as root on Linux, or in a container (README, 'Where it runs')")
