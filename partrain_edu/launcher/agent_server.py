@@ -40,6 +40,7 @@ ROOM = "PARTRAIN_ENVIRONMENT_ROOM"  # the server's padding: room for a launch's 
 ROOM_BYTES = 1 << 16
 START_S = 120.0  # the longest a launch waits for its agent to be forked before it starts one afresh
 MAX_SERVERS = 3  # kinds of launch served at once by one launcher (each server holds ~300 MB)
+FORKS_AGENTS = sys.platform.startswith("linux")  # elsewhere every agent starts afresh: the portable path
 
 _servers: dict[tuple, _Server | None] = {}
 _lock = threading.Lock()
@@ -49,7 +50,7 @@ def popen(command: list[str], env: dict[str, str]) -> subprocess.Popen | Forked:
     """Start `command` with `env`, its merged output in `.stdout`: forked by a server when it is an agent command
     (`agent.command`), else, or when no server can take it, with `subprocess.Popen`."""
     size = sum(len(k.encode()) + len(v.encode()) + 2 for k, v in env.items())
-    if command[:3] == [sys.executable, "-m", MODULE] and sys.platform.startswith("linux") and size < ROOM_BYTES:
+    if command[:3] == [sys.executable, "-m", MODULE] and FORKS_AGENTS and size < ROOM_BYTES:
         preload = next((arg for arg in command[4:5] if arg.startswith("--preload=")), "")
         key = (preload, tuple(sorted((k, v) for k, v in env.items() if INTERPRETER_ENV.match(k))))
         with _lock:
