@@ -12,7 +12,7 @@ import pytest
 
 from partrain_edu.cli import main
 from partrain_edu.problems.bank import PROBLEMS, chapters, draw, grade
-from partrain_edu.problems.core import KINDS
+from partrain_edu.problems.core import KINDS, Drawn, Problem, hint, told_apart
 from partrain_edu.problems.sheet import problem_set
 
 SEEDS = [1, 2, 3, 17, 2026]
@@ -79,7 +79,7 @@ def test_grade_json_answers_correct_and_hint_and_exits_0_or_1(capsys):
     assert code == 0 and right["correct"] and right["hint"] is None and "2(n−1)/n" in right["formula"]
     code, wrong = _json(capsys, ["problems", "grade", "01.ring-all-reduce", "--seed", "5", "--answer",
                                  str(key * 8), "--json"])
-    assert code == 1 and not wrong["correct"] and "bits for bytes" in wrong["hint"]
+    assert code == 1 and not wrong["correct"] and "bits for bytes (a 400 Gb/s link moves 50 GB/s)" in wrong["hint"]
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -109,3 +109,12 @@ def test_a_sheet_prints_the_chapters_questions_and_grades_answers(capsys):
     assert f"{key:g}" not in out.split("✓")[1]   # the key never printed by a wrong answer's line
     with pytest.raises(ValueError, match="answer problems 1 to"):
         sheet.check({99: 1.0})
+
+
+def test_a_slip_the_draw_made_harmless_is_never_named():
+    """A slip within the tolerance of the key (the latency term of a big message, (n−1)/n for large n) would be
+    graded right: an answer just outside the tolerance must not be blamed on it."""
+    p = Problem("99.sample", "a sample", "MB", "one step", "S", "nowhere", make=lambda rng: None)
+    drawn = Drawn("q", 100.0, mistakes=[(100.5, "a harmless slip"), (50.0, "half of it")])
+    assert "harmless" not in hint(p, drawn, 101.3) and hint(p, drawn, 50.2) == "Likely: half of it."
+    assert told_apart(100.0, drawn.mistakes) == [(50.0, "half of it")]

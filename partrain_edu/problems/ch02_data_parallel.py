@@ -5,8 +5,6 @@ LINKS), the functions notebook 02 prices DDP's all-reduce and its overlap with.
 """
 from __future__ import annotations
 
-import math
-
 from partrain_edu.problems.core import Drawn, problem
 from partrain_edu.theory.traffic import (
     LINKS,
@@ -19,11 +17,6 @@ from partrain_edu.theory.traffic import (
 
 MODELS = [0.35, 0.76, 1.3, 2.7, 6.7, 13]                 # billions of parameters (GPT-3 sizes, Brown et al. 2020)
 DTYPES = {2: "bf16", 4: "fp32"}
-
-
-def _unlike(key: float, mistakes: list[tuple[float, str]]) -> list[tuple[float, str]]:
-    """The slips whose value differs from the key by more than the tolerance (the rest would be graded right)."""
-    return [(value, why) for value, why in mistakes if not math.isclose(value, key, rel_tol=0.01)]
 
 
 def _ddp_gb(psi: int, n: int, b: int = 2) -> float:
@@ -123,12 +116,12 @@ def bucket_overlap(rng) -> Drawn:
                  f"in {k} equal buckets, one at a time, each as soon as it is full. How many ms sooner are the "
                  "gradients averaged than with one all-reduce after backward?", key,
                  given={"psi": psi, "n": n, "k": k, "B": backward, "beta": beta},
-                 mistakes=_unlike(key, [(min(backward * 1e3, comm), "the whole shorter of backward and "
-                                         "communication hidden: the last bucket is full only when backward ends"),
-                                        (min(backward * 1e3, comm) / k, "only one bucket's share hidden: all but "
-                                         "the last bucket overlap backward"),
-                                        (saved([2 * s / beta for s in sizes]), "each bucket priced as 2S/β, the "
-                                         "(n−1)/n factor dropped")]))
+                 mistakes=[(min(backward * 1e3, comm), "the whole shorter of backward and "
+                            "communication hidden: the last bucket is full only when backward ends"),
+                           (min(backward * 1e3, comm) / k, "only one bucket's share hidden: all but "
+                            "the last bucket overlap backward"),
+                           (saved([2 * s / beta for s in sizes]), "each bucket priced as 2S/β, the "
+                            "(n−1)/n factor dropped")])
 
 
 @problem("02.per-tensor-latency", "One bucket against one all-reduce per tensor", unit="ms", kind="judgement",
@@ -148,9 +141,9 @@ def per_tensor_latency(rng) -> Drawn:
                  f"{n} ranks at α = {alpha * 1e6:g} µs per message and β = {beta / 1e9:g} GB/s. How many ms does "
                  "one all-reduce of one bucket holding them all take less than one all-reduce per tensor?", key,
                  given={"T": tensors, "S_each": each, "n": n, "alpha": alpha, "beta": beta},
-                 mistakes=_unlike(key, [(per_tensor * 1e3, "the per-tensor all-reduces' whole time: the bytes "
-                                         "term is the same both ways, only the messages differ"),
-                                        ((tensors - 1) * 2 * alpha * 1e3, "one message per all-reduce: a ring "
-                                         "all-reduce sends 2(n−1), one per ring step"),
-                                        ((tensors - 1) * (n - 1) * alpha * 1e3, "only n−1 ring steps: an "
-                                         "all-reduce is a reduce-scatter and an all-gather")]))
+                 mistakes=[(per_tensor * 1e3, "the per-tensor all-reduces' whole time: the bytes "
+                            "term is the same both ways, only the messages differ"),
+                           ((tensors - 1) * 2 * alpha * 1e3, "one message per all-reduce: a ring "
+                            "all-reduce sends 2(n−1), one per ring step"),
+                           ((tensors - 1) * (n - 1) * alpha * 1e3, "only n−1 ring steps: an "
+                            "all-reduce is a reduce-scatter and an all-gather")])

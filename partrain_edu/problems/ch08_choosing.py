@@ -10,9 +10,8 @@ is the planner's choice among them, exact given those numbers.
 from __future__ import annotations
 
 import functools
-import math
 
-from partrain_edu.problems.core import Drawn, problem
+from partrain_edu.problems.core import Drawn, problem, told_apart
 from partrain_edu.theory.hardware import device_named
 from partrain_edu.theory.layout_memory import TIGHT
 from partrain_edu.theory.memory import estimate_memory, gpt_param_count
@@ -27,11 +26,6 @@ NAMES = {"ddp": "DDP", "fsdp": "FSDP", "fsdp-tp": "FSDP × TP", "3d": "3D (TP + 
 # GPT-3's small shapes (Brown et al. 2020, Table 2.1): (name, parameters, layers, hidden, heads)
 SMALL = [("350M", 0.35e9, 24, 1024, 16), ("760M", 0.76e9, 24, 1536, 16), ("1.3B", 1.3e9, 24, 2048, 16),
          ("2.7B", 2.7e9, 32, 2560, 32)]
-
-
-def _kept(key: float, mistakes: list[tuple[float, str]]) -> list[tuple[float, str]]:
-    """The slips whose value the grader can tell from the key (one within 1 % of it says nothing)."""
-    return [(v, why) for v, why in mistakes if not math.isclose(v, key, rel_tol=0.01)]
 
 
 def _most_sequences(psi: float, shape: dict, budget: float, states: bool = True) -> int:
@@ -77,7 +71,7 @@ def squeeze_micro_batch(rng) -> Drawn:
                  "what is the largest micro-batch, in sequences, within 90 % of the GPU's memory?", key,
                  given={"psi": psi, "layers": layers, "hidden": hidden, "heads": heads, "seq": seq,
                         "recompute": recompute, "memory": memory, "tight": TIGHT},
-                 mistakes=_kept(key, mistakes))
+                 mistakes=mistakes)
 
 
 @problem("08.one-layer", "One layer of a large model, with its Adam states", unit="GB", kind="one step",
@@ -114,12 +108,12 @@ def zero1_or_fsdp(rng) -> Drawn:
     return Drawn(f"A {psi / 1e9:g}B-parameter model trains with mixed precision and Adam on {n} GPUs, either as DDP "
                  "with ZeRO-1 (the optimizer states sharded) or as FSDP (ZeRO-3). How many GB of model states per "
                  "GPU does FSDP save?", key, given={"psi": psi, "n": n},
-                 mistakes=_kept(key, [((states(0).total_bytes - states(3).total_bytes) / 1e9, "compared with plain "
-                                        "DDP: ZeRO-1 already shards the optimizer states"),
-                                       ((states(2).total_bytes - states(3).total_bytes) / 1e9, "ZeRO-1 taken to "
-                                        "shard the gradients too: that is ZeRO-2"),
-                                       ((states(1).params_bytes + states(1).grads_bytes) / 1e9, "FSDP's own shards "
-                                        "forgotten: each GPU still keeps 1/N of the weights and gradients")]))
+                 mistakes=[((states(0).total_bytes - states(3).total_bytes) / 1e9, "compared with plain "
+                             "DDP: ZeRO-1 already shards the optimizer states"),
+                            ((states(2).total_bytes - states(3).total_bytes) / 1e9, "ZeRO-1 taken to "
+                             "shard the gradients too: that is ZeRO-2"),
+                            ((states(1).params_bytes + states(1).grads_bytes) / 1e9, "FSDP's own shards "
+                             "forgotten: each GPU still keeps 1/N of the weights and gradients")])
 
 
 @problem("08.planner-margin", "The layout the planner takes", unit="s", kind="judgement",
@@ -140,11 +134,10 @@ def planner_margin(rng) -> Drawn:
         simplest = next(t for f, t in times.items() if shown[f] <= SIMPLICITY_MARGIN * min(shown.values()))
         fastest = min(times.values())
         elaborate = [t for t in times.values() if t <= SIMPLICITY_MARGIN * fastest][-1]
-        mistakes = _kept(key, [(fastest, "the fastest layout taken: the planner prefers a simpler family within "
-                                "the margin"),
-                               (next(iter(times.values())), "the simplest family taken without checking the margin"),
-                               (elaborate, "the most elaborate family within the margin: the planner takes the "
-                                "simplest")]) if simplest == key else []
+        slips = [(fastest, "the fastest layout taken: the planner prefers a simpler family within the margin"),
+                 (next(iter(times.values())), "the simplest family taken without checking the margin"),
+                 (elaborate, "the most elaborate family within the margin: the planner takes the simplest")]
+        mistakes = told_apart(key, slips) if simplest == key else []   # the loop wants two a learner can make
     listed = ", ".join(f"{NAMES[f]} {shown[f]:g} s" for f in times)
     return Drawn(f"For a GPT-3-like {size} model on {gpus} H100s of 80 GB, the planner's fastest layout of each "
                  f"family that fits takes, per step: {listed}. It takes the simplest family (in that order) within "
@@ -190,11 +183,11 @@ def slow_network(rng) -> Drawn:
                  "gradients take?", key,
                  given={"psi": psi, "n": n, "gbits": gbits, "alpha": LATENCY[net], "eff": share, "seqs": seqs,
                         "seq": seq, "flops": flops},
-                 mistakes=_kept(key, [(group_seconds("all_reduce", grads, n, 1, h100, network=net, nic=gbits * 1e9)
-                            / compute, "Gb/s read as GB/s: divide the bits by 8"),
-                           (group_seconds("all_reduce", grads, n, 1, h100, network=net, efficiency=DATASHEET)
-                            / compute, "the link at its datasheet rate: NCCL reaches 96 % of it"),
-                           (collective_time("all_reduce", grads, n, alpha=0, beta=link.beta) / compute,
-                            "the latency term 2(n−1)·α left out"),
-                           (group_seconds("all_reduce", 2 * grads, n, 1, h100, network=net) / compute,
-                            "fp32 gradients: bf16 training all-reduces 2 bytes per parameter")]))
+                 mistakes=[(group_seconds("all_reduce", grads, n, 1, h100, network=net, nic=gbits * 1e9)
+                 / compute, "Gb/s read as GB/s: divide the bits by 8"),
+                (group_seconds("all_reduce", grads, n, 1, h100, network=net, efficiency=DATASHEET)
+                 / compute, "the link at its datasheet rate: NCCL reaches 96 % of it"),
+                (collective_time("all_reduce", grads, n, alpha=0, beta=link.beta) / compute,
+                 "the latency term 2(n−1)·α left out"),
+                (group_seconds("all_reduce", 2 * grads, n, 1, h100, network=net) / compute,
+                 "fp32 gradients: bf16 training all-reduces 2 bytes per parameter")])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from partrain_edu.problems.core import Drawn, close, problem
+from partrain_edu.problems.core import Drawn, problem
 from partrain_edu.theory.efficiency import (
     arithmetic_intensity,
     flops_per_token,
@@ -44,11 +44,6 @@ def _device(rng):
     return d, f"an {d.name} ({d.peak_flops / 1e12:g} TFLOP/s dense bf16, {d.hbm / 1e12:g} TB/s HBM)"
 
 
-def _apart(key: float, mistakes: list[tuple[float, str]]) -> list[tuple[float, str]]:
-    """The slips whose value a learner could tell from the key here (more than 1 % away)."""
-    return [(value, why) for value, why in mistakes if not close(value, key, 0.01)]
-
-
 @problem("15.flops-per-token", "A training step's FLOPs per token", unit="GFLOPs", kind="one step",
          formula="per token: 72·l·h² (the layers' matmuls, ≈ 6Ψ) + 12·l·s·h (attention's s×s) + 6·h·V (the logits)",
          source=f"{NARAYANAN}; notebook 15, 'FLOPs per token: 6Ψ, and what it leaves out'")
@@ -60,12 +55,12 @@ def flops_per_token_(rng) -> Drawn:
                  "training step (forward and backward) cost per token, counting attention's s×s products and the "
                  "logits (Narayanan et al.)?", key,
                  given={"l": shape.layers, "h": shape.hidden, "s": shape.seq, "V": vocab},
-                 mistakes=_apart(key, [(kaplan_flops_per_token(psi) / 1e9, "6Ψ: it counts the embeddings and "
-                                        "layernorms, which no matmul uses, and misses attention's 12·l·s·h"),
-                                       (flops_per_token(shape, 0) / 1e9, "the logits' 6·h·V left out"),
-                                       (key / 3, "forward only: backward costs twice the forward"),
-                                       (flops_per_token(shape, vocab, "full") / 1e9, "full recompute's fourth pass "
-                                        "counted: the run has none")]))
+                 mistakes=[(kaplan_flops_per_token(psi) / 1e9, "6Ψ: it counts the embeddings and "
+                            "layernorms, which no matmul uses, and misses attention's 12·l·s·h"),
+                           (flops_per_token(shape, 0) / 1e9, "the logits' 6·h·V left out"),
+                           (key / 3, "forward only: backward costs twice the forward"),
+                           (flops_per_token(shape, vocab, "full") / 1e9, "full recompute's fourth pass "
+                            "counted: the run has none")])
 
 
 @problem("15.mfu", "Model FLOPs utilisation from tokens per second", unit="%", kind="several steps",
@@ -85,11 +80,11 @@ def mfu(rng) -> Drawn:
                  "model's FLOPs per token counted as 72·l·h² + 12·l·s·h + 6·h·V?", key,
                  given={"l": shape.layers, "h": shape.hidden, "s": shape.seq, "V": vocab, "N": gpus,
                         "tokens_s": tokens_s, "peak": device.peak_flops},
-                 mistakes=_apart(key, [(100 * utilization(kaplan_flops_per_token(psi), tokens_s, gpus,
-                                                          device.peak_flops), "6Ψ for the model's FLOPs per token"),
-                                       (key * gpus, "one GPU's peak: the tokens/s are the whole cluster's"),
-                                       (key / 2, "the peak with sparsity (twice the dense one)"),
-                                       (key / 3, "forward FLOPs only: a training step is three forwards' worth")]))
+                 mistakes=[(100 * utilization(kaplan_flops_per_token(psi), tokens_s, gpus,
+                                              device.peak_flops), "6Ψ for the model's FLOPs per token"),
+                           (key * gpus, "one GPU's peak: the tokens/s are the whole cluster's"),
+                           (key / 2, "the peak with sparsity (twice the dense one)"),
+                           (key / 3, "forward FLOPs only: a training step is three forwards' worth")])
 
 
 @problem("15.roofline", "The least time of one matmul on the roofline", unit="µs", kind="one step",
@@ -108,13 +103,13 @@ def roofline(rng) -> Drawn:
     return Drawn(f"m = {m} tokens of width {hidden} go through a {hidden}×{n} bf16 weight, (m×k)·(k×n), on {said}. "
                  "By the roofline, reading both operands and writing the result once, how many µs does it take at "
                  "least?", key, given={"m": m, "k": hidden, "n": n, "peak": device.peak_flops, "hbm": device.hbm},
-                 mistakes=_apart(key, [(compute, "the FLOPs' time only: compare it with the bytes' time"),
-                                       (memory, "the bytes' time only: compare it with the FLOPs' time"),
-                                       (compute + memory, "the two times added: they overlap, the longer one bounds"),
-                                       (roofline_seconds(flops / 2, nbytes, device) * 1e6, "one FLOP per "
-                                        "multiply-add: a matmul does 2·m·k·n"),
-                                       (roofline_seconds(flops, matmul_bytes(m, hidden, n, 4), device) * 1e6,
-                                        "4-byte elements: bf16 is 2 bytes")]))
+                 mistakes=[(compute, "the FLOPs' time only: compare it with the bytes' time"),
+                           (memory, "the bytes' time only: compare it with the FLOPs' time"),
+                           (compute + memory, "the two times added: they overlap, the longer one bounds"),
+                           (roofline_seconds(flops / 2, nbytes, device) * 1e6, "one FLOP per "
+                            "multiply-add: a matmul does 2·m·k·n"),
+                           (roofline_seconds(flops, matmul_bytes(m, hidden, n, 4), device) * 1e6,
+                            "4-byte elements: bf16 is 2 bytes")])
 
 
 def _compute_bound_from(k: int, n: int, device, bytes_per_element: int = 2) -> int | None:
@@ -154,7 +149,7 @@ def compute_bound(rng) -> Drawn:
                  "reading both operands and writing the result once. What is the fewest tokens m for which this "
                  "matmul is compute-bound (its arithmetic intensity at least the ridge point)?", key,
                  given={"k": hidden, "n": n, "peak": device.peak_flops, "hbm": device.hbm},
-                 mistakes=_apart(key, slips))
+                 mistakes=slips)
 
 
 @problem("15.hfu-vs-mfu", "Comparing a run's HFU with another's MFU", unit="%", kind="judgement",
@@ -175,9 +170,9 @@ def hfu_vs_mfu(rng) -> Drawn:
                  f"{mfu_b:g} %. By how many percentage points does the faster run's MFU exceed the slower run's?", key,
                  given={"l": shape.layers, "h": shape.hidden, "s": shape.seq, "V": vocab, "hfu_a": hfu_a,
                         "mfu_b": mfu_b},
-                 mistakes=_apart(key, [(abs(hfu_a - mfu_b), "A's HFU compared with B's MFU: HFU counts the "
-                                        "recomputed forward, which trains nothing"),
-                                       (abs(hfu_a * rule - mfu_b), "the rule of thumb 6Ψ/8Ψ for A's ratio: attention "
-                                        "and the logits shift it"),
-                                       (abs(hfu_a * hfu_a / mfu_a - mfu_b), "the ratio turned over: MFU is below "
-                                        "HFU")]))
+                 mistakes=[(abs(hfu_a - mfu_b), "A's HFU compared with B's MFU: HFU counts the "
+                            "recomputed forward, which trains nothing"),
+                           (abs(hfu_a * rule - mfu_b), "the rule of thumb 6Ψ/8Ψ for A's ratio: attention "
+                            "and the logits shift it"),
+                           (abs(hfu_a * hfu_a / mfu_a - mfu_b), "the ratio turned over: MFU is below "
+                            "HFU")])

@@ -84,10 +84,17 @@ _FACTORS = [(2.0, "off by a factor 2: a ×2 or ÷2 forgotten or added (both halv
             (1.024, "off by 1.024: KiB for KB, or the reverse")]
 
 
+def told_apart(key: float, mistakes: list[tuple[float, str]], rtol: float = 0.01) -> list[tuple[float, str]]:
+    """The slips whose value is more than `rtol` from the key: one closer would be graded right, so it names
+    nothing (a draw may make a slip harmless, as (n−1)/n ≈ 1 for large n)."""
+    return [(value, why) for value, why in mistakes if not close(value, key, rtol)]
+
+
 def hint(p: Problem, drawn: Drawn, answer: float) -> str:
-    """Why `answer` may be wrong: every known slip whose value it matches, else a factor it is off by, else the
-    direction. Never the key."""
-    slips = sorted({why for value, why in drawn.mistakes if close(answer, value, p.rtol)})
+    """Why `answer` may be wrong: every known slip (told apart from the key) whose value it matches, else a factor
+    it is off by, else the direction. Never the key."""
+    slips = sorted({why for value, why in told_apart(drawn.answer, drawn.mistakes, p.rtol)
+                    if close(answer, value, p.rtol)})
     if slips:
         return "Likely: " + "; or ".join(slips) + "."
     if drawn.answer and answer and (answer > 0) != (drawn.answer > 0):
@@ -96,6 +103,6 @@ def hint(p: Problem, drawn: Drawn, answer: float) -> str:
         ratio = abs(answer / drawn.answer)
         for factor, why in _FACTORS:
             if close(ratio, factor, p.rtol) or close(ratio, 1 / factor, p.rtol):
-                return why.capitalize() + "."
+                return why[0].upper() + why[1:] + "."   # str.capitalize would lower "GB", "KiB"
         return f"Too {'high' if ratio > 1 else 'low'}: follow the formula step by step, in {p.unit or 'plain numbers'}."
     return f"Not within {p.rtol:.0%} of the answer: follow the formula step by step."
