@@ -160,9 +160,8 @@ def _on_ranks(cfgs: list[TrainConfig], on_step: Callable[[int, float], None],
             echo(rank, text)
 
     runs = json.dumps([to_argv(cfg) for cfg in cfgs])
-    # every rank builds a torch optimizer, which imports torch._dynamo (~2 s): once, before the ranks are forked
     result = torchrun("", nproc=cfgs[0].nproc, module="partrain_edu.train", args=["--progress", "--runs", runs],
-                      echo=route, timeout=timeout, preload=["torch._dynamo"], started=started or _quiet)
+                      echo=route, timeout=timeout, started=started or _quiet)
     return result.published["reports"]
 
 

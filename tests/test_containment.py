@@ -75,8 +75,8 @@ def test_the_daemon_is_gone_when_the_caller_is_killed(tmp_path):
     """The launcher SIGKILLed mid-run: the ranks' watchdogs kill the run's cgroup, the daemon in it."""
     seconds = unique_seconds()
     script = tmp_path / "caller.py"
-    script.write_text("from partrain_edu.launcher import torchrun\n"
-                      f"torchrun({DAEMON.format(seconds=seconds) + 'import time; time.sleep(600)'!r}, nproc=2)\n")
+    script.write_text("from partrain_edu.launcher import torchrun\nif __name__ == '__main__':\n"
+                      f"    torchrun({DAEMON.format(seconds=seconds) + 'import time; time.sleep(600)'!r}, nproc=2)\n")
     caller = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         assert wait_for(lambda: len(processes_with(f"sleep {seconds}")) == 2, tries=600)

@@ -2,14 +2,13 @@
 with nothing left running."""
 import _thread
 import json
+import math
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -19,25 +18,46 @@ from partrain_edu.notebook.magics import run_cell_magic
 MARKER_ENV = "PARTRAIN_TEST_MARKER"
 
 
+HELPERS = ("multiprocessing.forkserver import main", "multiprocessing.resource_tracker import main")
+
+
+def _helper(proc) -> bool:
+    """CPython's forkserver or resource tracker, which serve every launch of their process. The workers and ranks
+    the forkserver forked show its command line too, but their parent is the forkserver (or a worker)."""
+    cmdline = " ".join(proc.cmdline())
+    parent = proc.parent()
+    return any(h in cmdline for h in HELPERS) and not (parent and HELPERS[0] in " ".join(parent.cmdline()))
+
+
 def leftovers(marker: str) -> list[int]:
-    """Live processes (not zombies) whose environment or command line holds `marker`. Pass the marker with
-    `env={MARKER_ENV: marker}`: every process of the launch inherits it, whatever session or parent it has now."""
+    """Live processes (not zombies) of a launch that passed `env={MARKER_ENV: marker}`: those whose environment or
+    command line holds `marker` (whatever session or parent they have now), and every process this test process
+    started since `new_marker()` made it that is still running (forked ranks show their parent's environment),
+    except CPython's helpers."""
+    import psutil
+
+    me = psutil.Process()
+    since = _MARKED_AT.get(marker, math.inf) - 0.05  # psutil's start times are in clock ticks
+    mine = {p for p in me.children(recursive=True) if p.create_time() >= since}
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
+    for proc in psutil.process_iter():
         try:
-            seen = (entry / "environ").read_bytes() + (entry / "cmdline").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
+            if proc.pid == me.pid or proc.status() == psutil.STATUS_ZOMBIE or _helper(proc):
+                continue
+            marked = marker in " ".join(proc.cmdline()) or proc.environ().get(MARKER_ENV) == marker
+            if marked or proc in mine:
+                found.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-        if marker.encode() in seen and state != "Z":
-            found.append(int(entry.name))
     return found
+
+
+_MARKED_AT: dict[str, float] = {}
 
 
 def new_marker() -> tuple[str, dict[str, str]]:
     marker = f"marker-{uuid.uuid4().hex}"
+    _MARKED_AT[marker] = time.time()
     return marker, {MARKER_ENV: marker}
 
 ALL_REDUCE = """
@@ -86,7 +106,7 @@ def test_all_ranks_run_and_rank0_publishes_and_torchrun_leaves_no_files(tmp_path
         assert result.outputs[rank] == f"rank {rank} of 3 sees 6; args ['--lr', '0.1']\n"
     assert sorted(lines) == [(r, f"rank {r} of 3 sees 6; args ['--lr', '0.1']") for r in range(3)]
     assert result.wall_s > 0
-    assert list(tmp_path.iterdir()) == []  # torchrun's logs went with the run's folder, not to a torchelastic_*
+    assert list(tmp_path.iterdir()) == []  # torch's agent's logs went with the run's folder, not to a torchelastic_*
 
 
 FORKED = """
@@ -94,85 +114,66 @@ import ctypes, faulthandler, json, os, signal, sys
 had = {m: m in sys.modules for m in ("torch", "torch._dynamo")}  # before this script imported anything
 pdeathsig = ctypes.c_int(-1)
 ctypes.CDLL(None).prctl(2, ctypes.byref(pdeathsig), 0, 0, 0)  # PR_GET_PDEATHSIG
-print(json.dumps({**had, "own_session": os.getsid(0) == os.getpid(), "pdeathsig": pdeathsig.value,
-                  "faulthandler": faulthandler.is_enabled(),
+print(json.dumps({**had, "own_session": os.getsid(0) == os.getppid(), "pdeathsig": pdeathsig.value,
+                  "faulthandler": faulthandler.is_enabled(), "threads": int(__import__("torch").get_num_threads()),
                   "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL}), flush=True)
-os._exit(0)  # no return to torchrun: still a clean finish, as in a process of its own
+os._exit(0)  # no return to the wrapper: still a clean finish, as in a process of its own
 """
 
 
-def test_ranks_are_forked_with_torch_imported_and_start_as_processes_of_their_own():
-    # torch is imported once, by torchrun's process, and `preload` adds to it; each rank then undoes what it
-    # inherited from torchrun: its signal handlers, fault handler, parent-death signal and session
-    plain, preloaded = (torchrun(FORKED, nproc=2, echo=None, preload=p).outputs for p in ((), ["torch._dynamo"]))
-    fresh = {"own_session": True, "sigterm_default": True, "pdeathsig": 0, "faulthandler": False}
-    assert {r: json.loads(text) for r, text in plain.items()} == \
-        {r: {"torch": True, "torch._dynamo": False, **fresh} for r in range(2)}
-    assert {r: json.loads(text) for r, text in preloaded.items()} == \
-        {r: {"torch": True, "torch._dynamo": True, **fresh} for r in range(2)}
+def test_ranks_are_forked_with_torch_loaded_and_start_as_processes_of_their_own():
+    # torch comes from the forkserver (not its compiler stack: forked after it, DDP ranks hung at exit); each rank is
+    # forked by its worker (torchrun's), which leads a session of its own, and starts with an exec'd one's defaults
+    outputs = torchrun(FORKED, nproc=2, echo=None).outputs
+    assert {r: json.loads(text) for r, text in outputs.items()} == {r: {
+        "torch": True, "torch._dynamo": False, "own_session": True, "sigterm_default": True, "pdeathsig": 0,
+        "faulthandler": False, "threads": 1} for r in range(2)}
 
 
 SERVED = """
-import json, os, sys
-agent = os.getppid()  # the rank was forked by its agent
-server = int(open(f"/proc/{agent}/stat").read().rsplit(")", 1)[1].split()[1])
-environ = open(f"/proc/{agent}/environ", "rb").read().split(b"\\0")
-print(json.dumps({"server": server, "cmdline": open(f"/proc/{server}/cmdline").read().split("\\0")[:3],
-                  "marked": f"{sys.argv[1]}={os.environ[sys.argv[1]]}".encode() in environ,
-                  "hash": hash("partrain")}), flush=True)
+import sys
+exec_d = "torch" not in sys.modules  # a forked rank has it from the forkserver
+import json, os, psutil
+rank = psutil.Process()
+print(json.dumps({"forkserver": rank.parent().parent().pid, "hash": hash("partrain"), "exec_d": exec_d,
+                  "marked": os.environ[sys.argv[1]]}), flush=True)
 """
 
 
-def test_each_agent_is_forked_by_a_server_yet_looks_like_an_exec_d_one(monkeypatch):
-    # One server per kind of interpreter: two launches share one; a different PYTHONHASHSEED (read when Python
-    # starts) gets a server of its own, and with room for one server only, the first one ends. Each agent shows
-    # its run's environment in /proc, where runs are found.
-    from partrain_edu.launcher import agent_server, processes
-
-    monkeypatch.setattr(agent_server, "MAX_SERVERS", 1)
+def test_every_launch_forks_from_one_forkserver_unless_it_sets_what_an_interpreter_reads_at_start():
+    # One helper per process: CPython's forkserver. A PYTHONHASHSEED (read when Python starts) of the launch's
+    # own gets a rank exec'd afresh, which honours it; every rank sees the launch's environment.
     marker, env = new_marker()
     runs = [json.loads(torchrun(SERVED, nproc=1, args=[MARKER_ENV], echo=None, env={**env, **more}).outputs[0])
             for more in ({}, {}, {"PYTHONHASHSEED": "7"})]
     seeded = subprocess.run([sys.executable, "-c", "print(hash('partrain'))"], capture_output=True, text=True,
                             env={**os.environ, "PYTHONHASHSEED": "7"}).stdout
-    assert all(run["marked"] for run in runs)
-    assert runs[0]["cmdline"][1:] == ["-m", "partrain_edu.launcher.agent_server"]
-    assert runs[0]["server"] == runs[1]["server"] != runs[2]["server"]
+    assert all(run["marked"] == marker for run in runs)
+    assert runs[0]["forkserver"] == runs[1]["forkserver"] == runs[2]["forkserver"]
+    assert [run["exec_d"] for run in runs] == [False, False, True]
     assert runs[2]["hash"] == int(seeded)
-    deadline = time.monotonic() + 10
-    while processes.read(runs[0]["server"]) is not None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert processes.read(runs[0]["server"]) is None  # the first server, retired, has ended
+    assert leftovers(marker) == []
 
 
-def _exit_with_1():
+SIMULTANEOUS = """
+import os, signal, time
+from partrain_edu import runtime
+open(os.path.join(os.path.dirname(os.environ[runtime.PUBLISH_DIR_ENV]), f"ready{os.environ['RANK']}"), "w").close()
+while len([n for n in os.listdir(os.path.dirname(os.environ[runtime.PUBLISH_DIR_ENV])) if n.startswith("ready")]) < 2:
+    time.sleep(0.01)
+if os.environ["RANK"] == "0":
     os._exit(1)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
 
 
-def _killed():
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def test_torchrun_reports_every_forked_rank_that_failed_not_only_the_first_it_polled(monkeypatch, tmp_path):
-    # Both ranks are dead before torchrun's first look: its fork path would name only the first it polls (rank 0,
-    # whose exit 1 is a peer's consequence in a real run), and the diagnosis needs rank 1's SIGKILL to blame it.
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, api, start_processes
-
-    from partrain_edu.launcher import agent
-
-    monkeypatch.setattr(api.MultiprocessContext, "_poll", api.MultiprocessContext._poll)  # undone after the test
-    agent.poll_forked_ranks_as_exec_ones()
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
-    try:  # torchrun's start() installs its own handlers in this process: this worker's next tests need theirs
-        ranks = start_processes("two", lambda rank: (_exit_with_1, _killed)[rank](), {0: (0,), 1: (1,)},
-                                {0: {}, 1: {}}, DefaultLogsSpecs(log_dir=str(tmp_path)), start_method="fork")
-        for process in ranks._pc.processes:
-            process.join()
-        result = ranks.wait(timeout=10)
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-    assert {rank: failure.exitcode for rank, failure in result.failures.items()} == {0: 1, 1: -signal.SIGKILL}
+def test_every_failed_rank_s_exit_code_is_kept_not_only_the_first_torch_saw():
+    # Both ranks end at the same moment: torch's agent reports only the first it polls (possibly rank 0, whose
+    # exit 1 is a peer's consequence in a real run); each worker keeps its own rank's code, so rank 1's SIGKILL
+    # is what the diagnosis blames.
+    with pytest.raises(TorchrunError) as info:
+        torchrun(SIMULTANEOUS, nproc=2, echo=None, timeout=60)
+    assert info.value.rank == 1 and "killed by signal SIGKILL" in str(info.value)
 
 
 def test_show_rank_streams_only_that_rank_but_keeps_all_outputs():
@@ -276,14 +277,14 @@ def test_backend_option_reaches_the_ranks_and_one_rank_works():
     assert result.published == {"backend": "gloo"} and set(result.outputs) == set()
 
 
-def test_each_node_s_saved_exit_codes_are_read_together(tmp_path):
-    from partrain_edu.launcher.torchrun_main import exit_codes
+def test_each_worker_s_saved_exit_code_is_read_together(tmp_path):
+    from partrain_edu.launcher.nanny import exit_codes
 
-    assert exit_codes(tmp_path) == {}   # no torchrun has reported a failure (yet)
-    (tmp_path / "exit_codes.11.json").write_text(json.dumps({"0": 1, "1": -9}))
-    (tmp_path / "exit_codes.12.json").write_text(json.dumps({"3": -15}))
-    (tmp_path / "exit_codes.13.part").write_text("{")   # one being written: never read
-    assert exit_codes(tmp_path) == {0: 1, 1: -9, 3: -15}
+    assert exit_codes(tmp_path) == {}   # no worker has seen its rank end (yet)
+    (tmp_path / "rank0.exit").write_text("1")
+    (tmp_path / "rank1.exit").write_text("-9")
+    (tmp_path / "rank3.exit.tmp").write_text("-1")   # one being written: never read
+    assert exit_codes(tmp_path) == {0: 1, 1: -9}
 
 
 def test_a_peer_vanished_error_is_never_named_the_cause(tmp_path):

@@ -82,7 +82,7 @@ torchrun(code, nproc=2, timeout=None, env={"PARTRAIN_TEST_MARKER": sys.argv[1]})
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_nothing_survives_a_killed_caller(tmp_path, sig):
-    """A closed terminal running `partrain-edu train`, an OOM-killed kernel: torchrun, the ranks and their
+    """A closed terminal running `partrain-edu train`, an OOM-killed kernel: the workers, the ranks and their
     children (one in a session of its own) must all go with it."""
     marker, _ = new_marker()
     log = tmp_path / "caller.log"
@@ -94,7 +94,7 @@ def test_nothing_survives_a_killed_caller(tmp_path, sig):
         while log.read_text().count("started") < 2:
             assert caller.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
-        assert len(leftovers(marker)) >= 7  # torchrun, 2 ranks, their 2 labellers, 2 sleeps
+        assert len(leftovers(marker)) >= 7  # the caller, 2 workers, 2 ranks, 2 sleeps
         caller.send_signal(sig)
         deadline = time.monotonic() + 10
         while leftovers(marker) and time.monotonic() < deadline:
@@ -104,6 +104,16 @@ def test_nothing_survives_a_killed_caller(tmp_path, sig):
     finally:
         caller.kill()
         caller.wait()
+
+
+def test_a_script_that_launches_without_a_main_guard_gets_the_rule_not_endless_ranks(tmp_path):
+    # Each rank's worker imports the launching script's top level again (multiprocessing's forkserver and spawn):
+    # the launch it meets there is refused by Python itself, with the idiom, and the run fails once
+    script = tmp_path / "train.py"
+    script.write_text("from partrain_edu.launcher import torchrun\ntorchrun('print(1)', nproc=2, timeout=60)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "if __name__ == '__main__':" in done.stderr, done.stderr[-2000:]
 
 
 def test_a_rank_killed_outside_a_collective_is_named_not_the_rank_torchrun_stopped():
@@ -375,8 +385,9 @@ def test_the_stop_button_stops_every_rank_and_says_so_in_one_line():
 LISTENING = """
 import glob
 import torch.distributed as dist
-from partrain_edu.launcher import processes
-pids = [os.getpid()] + [p.pid for p in processes.run_members(os.environ[processes.RUN_ENV])]
+from partrain_edu.launcher import nanny, processes
+run_dir = os.path.dirname(os.environ[runtime.PUBLISH_DIR_ENV])
+pids = [os.getpid()] + [p.pid for p in nanny.members(run_dir, os.environ[processes.RUN_ENV])]
 inodes = set()
 for pid in pids:
     for link in glob.glob(f"/proc/{pid}/fd/*"):
@@ -386,12 +397,15 @@ for pid in pids:
             continue
         if target.startswith("socket:["):
             inodes.add(target[8:-1])
-addresses = []
+addresses = {"store": [], "ranks": []}
 for table in ("/proc/net/tcp", "/proc/net/tcp6"):
     for row in open(table).read().splitlines()[1:]:
         fields = row.split()
-        if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
-            addresses.append(fields[1].split(":")[0])
+        address, port = fields[1].split(":")
+        if fields[3] == "0A" and int(port, 16) == int(os.environ["MASTER_PORT"]):  # 0A: LISTEN
+            addresses["store"].append(address)  # the store torch's agent shares with the ranks: the launcher's
+        elif fields[3] == "0A" and fields[9] in inodes:
+            addresses["ranks"].append(address)
 dist.barrier()
 runtime.publish("addresses", addresses)
 """
@@ -401,8 +415,9 @@ def test_the_run_listens_on_loopback_only():
     result, _, _ = launch(LISTENING)
     assert not isinstance(result, TorchrunError), result
     addresses = result.published["addresses"]
-    assert len(addresses) >= 3, addresses  # torchrun's rendezvous store, its store for the ranks, Gloo
-    assert set(addresses) <= {"0100007F", "00000000000000000000000001000000"}, addresses  # 127.0.0.1, ::1
+    assert len(addresses["store"]) == 1 and len(addresses["ranks"]) >= 1, addresses  # the agent's store, Gloo
+    loopback = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1, ::1
+    assert set(addresses["store"]) | set(addresses["ranks"]) <= loopback, addresses
 
 
 STOP_HARNESS = """

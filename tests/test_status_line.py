@@ -67,7 +67,7 @@ CELL = "import time\ntime.sleep(2)\nprint('slept')\n"
 
 @pytest.mark.timeout(120)
 def test_in_a_kernel_a_torchrun_cell_shows_the_line_live_and_leaves_it_empty(kernel, capsys, monkeypatch):
-    monkeypatch.setattr(status_line, "DELAY_S", 0.05)  # a warm start (`agent_server`) still takes 0.2 s or more
+    monkeypatch.setattr(status_line, "DELAY_S", 0.0)  # a warm start (the forkserver's) takes well under 0.1 s
     run_cell_magic("-n 2 --timeout 90", CELL, {})
     loading, rank_output, status = kernel  # the line while the launcher loads, LiveOutput's display, the ranks' line
     assert loading.updates[0] == {} and loading.updates[-1] == {}, loading.updates
@@ -124,7 +124,7 @@ def test_outside_a_kernel_stdout_stays_as_it_was_and_only_a_terminal_gets_the_li
 
 @pytest.mark.timeout(120)
 def test_in_a_kernel_warm_ranks_show_the_line_while_they_start_and_while_a_cell_runs(kernel, capsys, monkeypatch):
-    monkeypatch.setattr(status_line, "DELAY_S", 0.05)  # as above
+    monkeypatch.setattr(status_line, "DELAY_S", 0.0)  # as above
     try:
         notebook.run_dist_magic("start -n 2 --timeout 60", None, {})
         notebook.run_dist_magic("", "import time\ntime.sleep(1.5)", {})

@@ -296,7 +296,7 @@ def test_in_a_notebook_kernel_dist_cells_keep_state_and_nothing_outlives_the_ker
 
         restarted = kernel.execute("%dist restart\n%dist status", deadline_s=90)
         assert "2 warm ranks ready" in restarted["stdout"] and "0 cells run" in restarted["stdout"], restarted
-        assert len(leftovers(marker)) == 6  # the kernel, torchrun, 2 ranks and their 2 labelling processes
+        assert len(leftovers(marker)) == 5  # the kernel, 2 workers and their 2 ranks
         os.kill(kernel.pid, signal.SIGKILL)  # a crashed kernel: the ranks' watchdogs must clean up
         deadline = time.monotonic() + 15
         while leftovers(marker) and time.monotonic() < deadline:

@@ -82,8 +82,8 @@ def _install() -> None:
 
 
 def _wrap(name: str, original):
+    import torch.distributed as dist
     from torch import Tensor
-    from torch.distributed import distributed_c10d as c10d
 
     parameters = inspect.signature(original).parameters
     names = tuple(parameters)
@@ -99,16 +99,15 @@ def _wrap(name: str, original):
     def entry(args: tuple, kwargs: dict) -> tuple[list, bytes] | None:
         """This call's group counter and record, or None where torch does nothing (no group yet, not a member)."""
         group = value(args, kwargs, "group")
-        pg = c10d.GroupMember.WORLD if group is None else group
-        members = None if pg is None or c10d._rank_not_in_group(group) else c10d._world.pg_group_ranks.get(pg)
-        if members is None:
+        pg = dist.group.WORLD if group is None else group
+        if pg is None or dist.get_rank(pg) < 0:  # torch's public words for "no group yet" and "not a member"
             return None
-        ranks, end = tuple(members), -1
+        ranks, end = tuple(dist.get_process_group_ranks(pg)), -1
         if ends:
             end = value(args, kwargs, ends[0])
             if end is None:
                 end = -1 if (local := value(args, kwargs, ends[1])) is None else ranks[local]
-        gname = c10d._world.pg_names.get(pg, "?")
+        gname = pg.group_name
         key = (gname, ranks, end) if name in P2P else (gname, ranks)
         if (counter := _recorder["groups"].get(key)) is None:
             listed = ",".join(map(str, ranks)).encode()  # too long for the record: "?", never diagnosed

@@ -3,7 +3,7 @@
     %load_ext partrain_edu
     %%torchrun -n 4 [--timeout 120|none] [--backend gloo] [--rank 0] [-- script args]
 
-Both run torch's `torch.distributed.run` (through `launcher.agent`) with a fresh rendezvous on a free port of
+Both run torch's own agent, the one torchrun runs (`launcher.start`), with a fresh rendezvous on a free port of
 127.0.0.1, so two notebooks launching at once never collide and nothing listens beyond this machine. Every
 rank is wrapped by `launcher.rank`, so that the launcher can:
 - stream each rank's output live as `[rank k]` lines (and, in a notebook, keep a rank-ordered copy, so the
@@ -26,7 +26,6 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
-from partrain_edu.launcher import agent
 from partrain_edu.launcher.diagnose.oneshot import TorchrunError, failure, mismatch_error, timeout_error
 from partrain_edu.launcher.options import (
     DEFAULT_RUN_TIMEOUT_S,
@@ -36,6 +35,7 @@ from partrain_edu.launcher.options import (
     script_path,
 )
 from partrain_edu.launcher.output import Run, TorchrunResult, print_echo
+from partrain_edu.launcher.start import Launch
 from partrain_edu.launcher.status_line import RankStatus, in_kernel
 from partrain_edu.launcher.supervise import supervise
 from partrain_edu.runtime import read_published
@@ -46,33 +46,30 @@ T = TypeVar("T")
 def torchrun(code_or_path: str | os.PathLike, nproc: int = 2, timeout: float | None = DEFAULT_RUN_TIMEOUT_S,
              args: Sequence[str] = (), *, module: str | None = None, backend: str | None = None,
              show_rank: int | None = None, echo: Callable[[int | None, str], None] | None = print_echo,
-             env: dict[str, str] | None = None, started: Callable[[int], None] | None = None,
-             preload: Sequence[str] = ()) -> TorchrunResult:
+             env: dict[str, str] | None = None, started: Callable[[int], None] | None = None) -> TorchrunResult:
     """Run a script (a path, or source code as a string) or `module=` on `nproc` ranks under torchrun.
 
     Returns a `TorchrunResult`; raises `TorchrunError` when any rank fails, or when the run takes longer than
     `timeout` seconds (default 300; None: no limit, a deadlock in a collective still ends after 60 s).
     `started(k)` is told each time the number of ranks whose process has started grows (`status_line.py`); a caller
     that gives none gets, in a notebook, the ranks' own status line ("starting 2 ranks… 3 s") under the cell.
-    `preload` names modules imported once, before the ranks are forked (`launcher.agent`), instead of on each.
     """
     timeout = check_arguments(nproc, timeout, show_rank)
     if started is None and in_kernel():  # `torchrun(...)` called from a notebook cell: no wait without a line
         with RankStatus(nproc, timeout) as status:
             return torchrun(code_or_path, nproc, timeout, args, module=module, backend=backend, show_rank=show_rank,
-                            echo=echo, env=env, started=status.started, preload=preload)
+                            echo=echo, env=env, started=status.started)
     with tempfile.TemporaryDirectory(prefix="partrain_") as tmp:
         run_dir = Path(tmp)
         (run_dir / "published").mkdir()
-        # The script and its arguments travel in a file: torchrun's own parser would otherwise claim any
-        # script flag that abbreviates one of its options (`--nproc` for `--nproc-per-node`).
+        # The script and its arguments travel in a file, as the rank's environment does (`nanny`).
         script = None if module is not None else script_path(code_or_path, run_dir, "torchrun_cell.py")
         target = ["--module", module] if module is not None else [script]
         (run_dir / "argv.json").write_text(json.dumps([*target, *map(str, args)]))
         run = Run(nproc, run_dir, echo or (lambda rank, text: None), show_rank)
-        command = agent.command(run.run_id, nproc, "partrain_edu.launcher.rank", str(run_dir), preload=preload)
         rank_env = rank_environment(run.run_id, run_dir / "published", timeout, env, backend)
-        outcome = supervise([command], rank_env, run, timeout, [run.take], started)
+        outcome = supervise(lambda env: [Launch(run, "partrain_edu.launcher.rank", env)], rank_env, run, timeout,
+                            started)
         if outcome.timed_out:
             raise timeout_error(run, timeout)
         if outcome.mismatch is not None:

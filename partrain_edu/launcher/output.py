@@ -1,22 +1,19 @@
-"""How a launch carries its ranks' output: `[rank k] text` lines in, one `Run` of bookkeeping, a `TorchrunResult` out.
+"""How a launch carries its ranks' output: RUN_DIR/rank{k}.out files in, one `Run` of bookkeeping, a
+`TorchrunResult` out.
 
-Every rank's wrapper (`launcher.rank`, `launcher.warm.rank_loop`) prefixes what the rank prints with `[rank k] `
-(RANK_LINE); torchrun's own logging has no prefix and is kept apart, for the error message only. `Lines` reads a
-pipe of such lines without blocking longer than asked and without trusting the bytes to be UTF-8 (a rank may write
-anything). The one-shot launcher (`launcher.oneshot`), the warm pool and netem's two nodes share all three.
+Each rank's worker (`launcher.nanny`) points the rank's stdout and stderr at RUN_DIR/rank{k}.out, so every line
+there is rank k's, whoever wrote it (`print`, `os.write(1, ...)`, C code, a child process). `Tail` reads those files
+as they grow, as torch's agent tails its workers' log files, without trusting the bytes to be UTF-8 (a rank may
+write anything). The one-shot launcher (`launcher.oneshot`), the warm pool and netem's two nodes share all three.
 """
 from __future__ import annotations
 
-import os
-import re
-import select
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-RANK_LINE = re.compile(r"^\[rank (\d+)\] ?(.*)$")
+LONGEST_LINE = 1 << 20  # a "line" that never ends is passed on in pieces of this size
 
 
 @dataclass
@@ -30,23 +27,18 @@ class TorchrunResult:
 
 @dataclass
 class Run:
-    """The bookkeeping of one launch: output per rank, and what torchrun itself said."""
+    """The bookkeeping of one launch: output per rank, and what torch's agent itself said."""
 
     nproc: int
     run_dir: Path
     echo: Callable[[int | None, str], None]
     show_rank: int | None
     outputs: dict[int, list[str]] = field(default_factory=dict)
-    launcher: list[str] = field(default_factory=list)
+    launcher: list[str] = field(default_factory=list)  # torch's agent's log lines: for the error message only
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     cgroup: str | None = None  # the run's cgroup, where one could be made (cgroup.py)
 
-    def take(self, line: str) -> None:
-        match = RANK_LINE.match(line)
-        if match is None:
-            self.launcher.append(line)  # torchrun's logging: kept for the error message, not shown
-            return
-        rank, text = int(match.group(1)), match.group(2)
+    def take(self, rank: int, text: str) -> None:
         self.outputs.setdefault(rank, []).append(text)
         if self.show_rank is None or rank == self.show_rank:
             self.echo(rank, text)
@@ -63,38 +55,43 @@ def print_echo(rank: int | None, text: str) -> None:
     print(f"[rank {rank}] {text}", flush=True)
 
 
-class Lines:
-    """A pipe's output as lines, read without blocking for longer than asked and without trusting its bytes to be
-    UTF-8 (a rank may write anything to its stdout)."""
+class Tail:
+    """Every RUN_DIR/rank{k}.out, read as lines as it grows; `take(rank, text)` gets each whole line."""
 
-    def __init__(self, fd: int, take: Callable[[str], None]):
-        self.fd = fd
+    def __init__(self, run_dir: Path, take: Callable[[int, str], None]):
+        self.run_dir = run_dir
         self.take = take
-        self.pending = b""
-        self.eof = False
-        self.poller = select.poll()  # not select(): a long-lived kernel may hold more than 1024 descriptors
-        self.poller.register(fd, select.POLLIN)
+        self.files: dict[int, Any] = {}
+        self.pending: dict[int, bytes] = {}
+        self.closed = False
 
-    def read(self, wait_s: float) -> None:
-        if self.eof:
-            time.sleep(wait_s)
+    def read(self) -> None:
+        """Pass on every whole line written since the last call."""
+        if self.closed:
             return
-        if not self.poller.poll(wait_s * 1000):
-            return
-        chunk = os.read(self.fd, 1 << 16)
-        if not chunk:
-            self.eof, chunk = True, b"\n" if self.pending else b""
-        *complete, self.pending = (self.pending + chunk).split(b"\n")
-        for line in complete:
-            self.take(line.decode("utf-8", errors="replace"))
+        for path in self.run_dir.glob("rank*.out"):
+            rank = int(path.name[4:-4])
+            if rank not in self.files:
+                self.files[rank] = open(path, "rb")  # noqa: SIM115 - held open across calls, closed in close()
+                self.pending[rank] = b""
+        for rank, file in self.files.items():
+            chunk = file.read()
+            if not chunk:
+                continue
+            *lines, rest = (self.pending[rank] + chunk).split(b"\n")
+            if len(rest) > LONGEST_LINE:
+                lines.append(rest)
+                rest = b""
+            self.pending[rank] = rest
+            for line in lines:
+                self.take(rank, line.decode("utf-8", errors="replace"))
 
-    def read_ready(self) -> None:
-        """Read what the pipe holds now: all a process that has exited wrote, whether or not others still hold it."""
-        while not self.eof and self.poller.poll(0):
-            self.read(0)
-
-    def drain(self, grace_s: float) -> None:
-        """Read what is left, until the pipe closes or `grace_s` seconds have passed."""
-        end = time.monotonic() + grace_s
-        while not self.eof and (left := end - time.monotonic()) > 0:
-            self.read(min(0.1, left))
+    def close(self) -> None:
+        """Read what is left, a last line without its newline too; then let go of the files."""
+        self.read()
+        for rank, file in self.files.items():
+            if self.pending[rank]:
+                self.take(rank, self.pending[rank].decode("utf-8", errors="replace"))
+            file.close()
+        self.files.clear()
+        self.closed = True

@@ -1,12 +1,11 @@
 """Finding and signalling the processes of one launch, and never anybody else's, through psutil.
 
-Every process of a launch (torchrun, each rank, whatever a rank starts) inherits `PARTRAIN_RUN_ID=<fresh id>` in
-its environment, so "the processes of this run" are those whose environment says so (psutil's
-`Process.environ()`) and all their descendants: found whatever session or process group they moved to (an agent
-forked by `agent_server` writes its launch's environment where the system shows it: `take_environment`, Linux).
-A process that cleared its environment is still found while it descends from one that did not; one that also
-left that ancestry (a double fork) is not, and only the run's cgroup (`cgroup.py`, where the machine allows one)
-still holds it.
+Every process a rank starts inherits `PARTRAIN_RUN_ID=<fresh id>` in its environment, so "the processes of this
+run" are those whose environment says so (psutil's `Process.environ()`), the run's workers and ranks themselves
+(named by identity: forked, they show their parent's environment; `nanny.roots`), and all their descendants:
+found whatever session or process group they moved to. A process that cleared its environment is still found
+while it descends from one of these; one that also left that ancestry (a double fork) is not, and only the run's
+cgroup (`cgroup.py`, where the machine allows one) still holds it.
 
 Signals are sent to single processes, never to a process group, so there is no PID 0, -1 or own group to hit by
 mistake. Each goes through a `psutil.Process` made *after* checking that the PID still has the start time the
@@ -109,11 +108,15 @@ def _has_env(pid: int, name: str, value: str) -> bool:
         return False
 
 
-def run_members(run_id: str) -> list[Proc]:
-    """Every live process of the run `run_id` (marked by its environment, or descending from a marked one),
-    except the calling process."""
+def run_members(run_id: str, roots: Iterable[str] = ()) -> list[Proc]:
+    """Every live process of the run `run_id`: marked by its environment, one of `roots` (identities, "pid:start":
+    a forked process shows its parent's environment), or descending from either; except the calling process."""
     table = _table()
     marked = {pid for pid in table if _has_env(pid, RUN_ENV, run_id)}
+    for ident in roots:
+        pid, start = (int(part) for part in ident.split(":"))
+        if pid in table and table[pid].start == start:
+            marked.add(pid)
     return [table[pid] for pid in sorted(_descendants(table, marked)) if pid in table and pid != os.getpid()]
 
 
@@ -180,15 +183,9 @@ def stop(find: Callable[[], list[Proc]], grace_s: float) -> None:
 
 def die_with_parent(parent: int) -> None:
     """Have the kernel SIGKILL this process when the thread that started it ends (PR_SET_PDEATHSIG), and end now
-    if `parent` is gone already. For the agent, netem's nodes and the grader's sandbox; a no-op off Linux."""
+    if `parent` is gone already. For netem's nodes and the grader's sandbox; a no-op off Linux."""
     if _set_parent_death_signal(signal.SIGKILL) and os.getppid() != parent:
         os._exit(1)  # the launcher died before the line above: nobody is waiting for this run
-
-
-def outlive_parent() -> None:
-    """Undo a parent-death signal: a rank torchrun forked (which asks for SIGINT when torchrun dies) outlives it,
-    as an exec'd one does, so that its watchdog is what stops the run (`launcher.rank`)."""
-    _set_parent_death_signal(0)
 
 
 def _set_parent_death_signal(sig: int) -> bool:
@@ -199,20 +196,3 @@ def _set_parent_death_signal(sig: int) -> bool:
     if libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     return True
-
-
-def take_environment(env: dict[str, str]) -> None:
-    """Make `env` this process's environment, in `os.environ` and in the block /proc/PID/environ shows (a fork
-    keeps its parent's; `agent_server` left room for a launch's). The block is no longer libc's once every
-    variable has been set anew, so it can be written over (through /proc/self/mem, which a process may write)."""
-    os.environ.clear()
-    os.environ.update(env)
-    with open("/proc/self/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    start, end = int(fields[47]), int(fields[48])  # env_start, env_end (proc(5))
-    block = b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items())
-    if len(block) > end - start:
-        raise OSError(f"the environment ({len(block)} bytes) does not fit the server's room ({end - start} bytes)")
-    with open("/proc/self/mem", "r+b", buffering=0) as mem:
-        mem.seek(start)
-        mem.write(block + b"\0" * (end - start - len(block)))

@@ -1,13 +1,12 @@
 """One emulated node's torchrun: the process `netem.TwoNodes.run` starts for each node.
 
     python -m partrain_edu.netem._node LAUNCHER_PID HOSTNAME NETNS [torchrun options] \\
-        -m partrain_edu.launcher.rank RUN_DIR
+        -m partrain_edu.launcher.nanny RUN_DIR partrain_edu.launcher.rank
 
-It becomes `ip netns exec NETNS python -m partrain_edu.launcher.torchrun_main [torchrun options] ...` (torchrun's
-main, with each failed rank's exit code saved; exec, same process)
-after two things a real node has and a namespace alone does not:
-1. it dies with the launcher (PR_SET_PDEATHSIG, as `launcher.agent`; kept across exec), and the ranks'
-   watchdogs (`launcher.rank`) then stop the rest of the run;
+It becomes `ip netns exec NETNS python -m torch.distributed.run [torchrun options] ...` (torchrun itself; exec,
+same process) after two things a real node has and a namespace alone does not:
+1. it dies with the launcher (PR_SET_PDEATHSIG, kept across exec), and the ranks' watchdogs (`launcher.rank`)
+   then stop the rest of the run;
 2. a hostname of its own (a UTS namespace): torchrun's c10d rendezvous hosts its store on the node whose name
    resolves to the endpoint's address (`_matches_machine_hostname`), orders nodes by name (node0's ranks come
    first), and hands the ranks MASTER_ADDR = rank 0's `socket.getfqdn()`. `ip netns exec` mounts
@@ -38,9 +37,9 @@ def main(argv: list[str]) -> None:
     netns = argv[2]
     torchrun_args = argv[3:]
     die_with_parent(launcher)
-    cgroup.join(os.environ.get(cgroup.ENV))  # as the agent: all the ranks start stays in the run's cgroup
+    cgroup.join(os.environ.get(cgroup.ENV))  # before torchrun starts: all the ranks start stays in the run's cgroup
     own_hostname(hostname)
-    os.execv(IP, [IP, "netns", "exec", netns, sys.executable, "-m", "partrain_edu.launcher.torchrun_main",
+    os.execv(IP, [IP, "netns", "exec", netns, sys.executable, "-m", "torch.distributed.run",
                   *torchrun_args])
 
 

@@ -6,7 +6,8 @@
 For each node, one torchrun in that node's namespace (`netem._node`), with the flags a learner types on two real
 nodes (`nodes.command(n, K)` prints them) and GLOO_SOCKET_IFNAME=eth0, so that Gloo talks over the shaped veth
 (ranks of one node reach each other on their own node). Each rank runs under `launcher.rank`, as in
-`%%torchrun`: its lines come back as `[node n rank k] ...`, a failure is one `TorchrunError` naming the rank
+`%%torchrun`: its lines come back as `[node n rank k] ...` (ranks 0..K-1 are node 0's: the c10d rendezvous orders
+nodes by hostname), a failure is one `TorchrunError` naming the rank
 (`check=False`: the exit codes instead), `runtime.publish`ed values return, and on timeout, interrupt or a failed
 node everything of the run is stopped. The rendezvous may use one fixed port: nothing else lives in the
 namespaces, and their TCP stores are reachable from these two namespaces only.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -23,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from partrain_edu.launcher.agent import rank_target
+from partrain_edu.launcher import nanny
 from partrain_edu.launcher.diagnose.oneshot import failure, mismatch_error, timeout_error
 from partrain_edu.launcher.options import DEFAULT_RUN_TIMEOUT_S, check_timeout, rank_environment, script_path
-from partrain_edu.launcher.output import RANK_LINE, Run
+from partrain_edu.launcher.output import Run
 from partrain_edu.launcher.supervise import supervise
 from partrain_edu.netem import links
 from partrain_edu.runtime import read_published
@@ -158,17 +160,18 @@ class TwoNodes:
             (run_dir / "published").mkdir()
             (run_dir / "argv.json").write_text(json.dumps([script_path(script, run_dir, "script.py"),
                                                            *map(str, args)]))
-            run = Run(2 * nproc_per_node, run_dir, lambda rank, text: None, None)
-            nodes = _NodeLines(run, echo)
+            shown = (lambda rank, text: echo(rank // nproc_per_node, rank, text)) if echo else (lambda r, t: None)
+            run = Run(2 * nproc_per_node, run_dir, shown, None)
             rank_env = {**rank_environment(run.run_id, run_dir / "published", timeout, env),
                         "GLOO_SOCKET_IFNAME": links.INTERFACE}   # Gloo over the shaped veth, not loopback
+            # Each node's torchrun execs its workers (`-m`): each one a `launcher.nanny` that starts its rank.
             commands = [[sys.executable, "-m", "partrain_edu.netem._node", str(os.getpid()), f"node{n}", ns,
-                         *self._flags(n, nproc_per_node), *rank_target("partrain_edu.launcher.rank", str(run_dir))]
-                        for n, ns in enumerate(built.namespaces)]
-            outcome = supervise(commands, rank_env, run, timeout, [nodes.taker(0), nodes.taker(1)],
+                         *self._flags(n, nproc_per_node), "-m", "partrain_edu.launcher.nanny", str(run_dir),
+                         "partrain_edu.launcher.rank"] for n, ns in enumerate(built.namespaces)]
+            outcome = supervise(lambda env: _start(commands, env, run_dir), rank_env, run, timeout,
                                 failed_grace_s=FAILED_NODE_GRACE_S)
-            # torchrun's reports node by node: its two-line failure blocks must not interleave
-            run.launcher = [*nodes.lines[0], *nodes.lines[1]]
+            lines = {n: (run_dir / f"node{n}.log").read_text(errors="replace").splitlines() for n in (0, 1)}
+            run.launcher = [*lines[0], *lines[1]]  # torchrun's reports node by node
             if outcome.timed_out:
                 raise timeout_error(run, timeout)
             if outcome.mismatch is not None:
@@ -176,27 +179,17 @@ class TwoNodes:
             returncodes = dict(enumerate(outcome.returncodes))
             if check and any(returncodes.values()):
                 raise failure(run, next(code for code in returncodes.values() if code))
-            return NodesResult(returncodes, run.texts(), dict(nodes.node_of),
-                               {n: "\n".join(lines) for n, lines in nodes.lines.items()},
+            return NodesResult(returncodes, run.texts(), {r: r // nproc_per_node for r in range(run.nproc)},
+                               {n: "\n".join(node_lines) for n, node_lines in lines.items()},
                                read_published(run_dir / "published"), outcome.wall_s)
 
 
-class _NodeLines:
-    """Both nodes' output: rank lines into the run (echoed with their node), torchrun's own lines kept per node."""
-
-    def __init__(self, run: Run, echo: Echo | None):
-        self.run, self.echo = run, echo
-        self.node_of: dict[int, int] = {}
-        self.lines: dict[int, list[str]] = {0: [], 1: []}
-
-    def taker(self, node: int) -> Callable[[str], None]:
-        def take(line: str) -> None:
-            match = RANK_LINE.match(line)
-            if match is None:
-                self.lines[node].append(line)
-                return
-            self.node_of[int(match.group(1))] = node
-            self.run.take(line)
-            if self.echo is not None:
-                self.echo(node, int(match.group(1)), match.group(2))
-        return take
+def _start(commands: list[list[str]], env: dict[str, str], run_dir: Path) -> list[subprocess.Popen]:
+    """Each node's torchrun, its own output (torchrun's logging) in RUN_DIR/node{n}.log."""
+    nanny.write_env(run_dir, env)
+    procs = []
+    for n, command in enumerate(commands):
+        with open(run_dir / f"node{n}.log", "wb") as log:
+            procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, start_new_session=True))
+    return procs

@@ -2,11 +2,10 @@
 
 The launcher's run folder says what each rank did: rank{k}.pid (started), rank{k}.error (raised; the traceback,
 trimmed to the learner's frames, and when), rank{k}.done (finished cleanly), rank{k}.calls (the collective it is
-in or made last, `launcher.call_records`). torchrun's `ChildFailedError` adds the exit code of every rank that
-failed, negative for a signal (saved as exit_codes.*.json by `launcher.torchrun_main`). Most ranks that fail only
-fail because another one did: the job here is to find that other one, and to say in words what a collective
-mismatch (different sizes, dtypes, ops or order across ranks) was: from the call records where they show one, else
-as the backend reported it (`explain_mismatch`).
+in or made last, `launcher.call_records`), rank{k}.exit (how it ended, negative for a signal: `launcher.nanny`).
+Most ranks that fail only fail because another one did: the job here is to find that other one, and to say in
+words what a collective mismatch (different sizes, dtypes, ops or order across ranks) was: from the call records
+where they show one, else as the backend reported it (`explain_mismatch`).
 """
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ import re
 import signal
 from typing import Any
 
-from partrain_edu.launcher import torchrun_main
+from partrain_edu.launcher import nanny
 from partrain_edu.launcher.diagnose import findings
 from partrain_edu.launcher.diagnose.findings import MISMATCH_HINT
 
@@ -127,7 +126,7 @@ def failure(run: Any, returncode: int) -> TorchrunError:
     """Name the rank whose failure caused the others', show its traceback, and list the ranks left stuck.
     `run` is the launcher's `output.Run`."""
     errors = {e["rank"]: e for e in (json.loads(p.read_text()) for p in run.run_dir.glob("rank*.error"))}
-    exit_codes = torchrun_main.exit_codes(run.run_dir)
+    exit_codes = nanny.exit_codes(run.run_dir)
     outputs = run.texts()
     # A rank killed by a signal (OOM killer, segfault, kill -9, Gloo's abort on a mismatch) writes no error; the
     # others then fail only because it vanished, so it is the cause, whichever failure torchrun saw first. SIGTERM

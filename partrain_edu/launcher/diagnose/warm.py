@@ -20,7 +20,7 @@ from partrain_edu.launcher.diagnose.oneshot import (
     with_backend_words,
 )
 
-MARK_WAIT_S = 2.0  # a rank said "done": how long its end mark may take to come through its labelling process
+MARK_WAIT_S = 2.0  # a rank said "done": how long its end mark may take to reach the kernel's reading of its file
 RESTART = "`%dist restart` (or `pool.restart()`) starts fresh ranks; their variables are lost."
 
 
@@ -137,15 +137,16 @@ def timed_out(cell: Cell, timeout: float, calls: Finding | None = None) -> DistE
 
 def died(cell: Cell, exit_codes: dict[int, int], lost: list[int | None], torchrun_code: int | None,
          calls: Finding | None = None) -> DistError:
-    """A rank's process, or torchrun, ended in the middle of a cell. `exit_codes`: torchrun's, as `torchrun_main`
-    saved them; `lost`: the ranks whose connection closed, in that order (torchrun stops the others after the
-    first); `calls`: what the ranks' call records say."""
-    # As in oneshot.failure: a rank killed by a signal is the cause; SIGTERM is torchrun stopping the rest.
+    """A rank's process, or its worker, ended in the middle of a cell. `exit_codes`: each rank's, as its worker
+    saved them (`nanny`); `lost`: the ranks whose connection closed, in that order (torch's agent stops the others
+    after the first); `calls`: what the ranks' call records say."""
+    # As in oneshot.failure: a rank killed by a signal is the cause; SIGTERM is torch's agent stopping the rest.
     killed = sorted(r for r, c in exit_codes.items() if c < 0 and c != -signal.SIGTERM)
     gone = [r for r in lost if r is not None]
     rank = killed[0] if killed else gone[0] if gone else min(exit_codes, default=None)
-    if rank is None:  # every rank was alive: torchrun itself went (killed from outside)
-        return DistError(f"torchrun, which watches the ranks, ended ({_exit(torchrun_code)}); the ranks were stopped. "
+    if rank is None:  # every rank was alive: a worker, or torch's agent itself, went (killed from outside)
+        return DistError(f"torch's agent, which watches the ranks, ended ({_exit(torchrun_code)}); the ranks were "
+                         "stopped. "
                          f"{RESTART}", None, cell.texts(), pool_stopped=True)
     code = exit_codes.get(rank)
     if code is not None and code < 0:

@@ -1,25 +1,24 @@
-"""The kernel's end of a warm pool (`launcher.warm.pool`): the torchrun process, and everything that comes from it.
+"""The kernel's end of a warm pool (`launcher.warm.pool`): the launch, and everything that comes from it.
 
-One poll loop reads both channels: torchrun's merged output (every rank's `[rank k]` lines, torchrun's logging)
-and each rank's control socket (hello, done). A rank's line goes to the cell in flight until that rank's end mark,
-and to its next cell after; so no line of one cell ever shows up in another. torchrun is started from a thread that
-lives as long as it: the agent dies with the thread that started it (PR_SET_PDEATHSIG, see `launcher.agent`),
-and a pool may outlive the thread that created it.
+One poll loop reads both channels: the ranks' output files (`output.Tail`) and each rank's control socket (hello,
+done). A rank's line goes to the cell in flight until that rank's end mark, and to its next cell after; so no line
+of one cell ever shows up in another. The ranks are started as a one-shot run's are (`launcher.start`), running
+`launcher.warm.rank_loop`; torch's agent waits for them in a thread of the kernel, so a pool may outlive the
+thread that created it.
 """
 from __future__ import annotations
 
 import contextlib
 import select
 import socket
-import subprocess
-import threading
 import time
 from dataclasses import dataclass
 
-from partrain_edu.launcher import agent_server, cgroup, processes
+from partrain_edu.launcher import cgroup, nanny, processes
 from partrain_edu.launcher.diagnose.warm import Cell
 from partrain_edu.launcher.options import KILL_GRACE_S
-from partrain_edu.launcher.output import RANK_LINE, Lines
+from partrain_edu.launcher.output import Run, Tail
+from partrain_edu.launcher.start import Launch
 from partrain_edu.launcher.warm import rank_loop
 
 MARK_PREFIX = "#partrain-cell-end-"
@@ -33,10 +32,12 @@ class _Conn:
 
 
 class Link:
-    def __init__(self, command: list[str], env: dict[str, str], listener: socket.socket):
-        self.listener, self.run_id = listener, env[processes.RUN_ENV]
+    def __init__(self, run: Run, env: dict[str, str], listener: socket.socket):
+        self.listener = listener
+        self.run_dir = run.run_dir
+        self.run_id = run.run_id
         self.cell: Cell | None = None  # the cell in flight
-        self.launcher: list[str] = []  # torchrun's own lines, for the error messages
+        self.launcher: list[str] = run.launcher  # torch's agent's own lines, for the error messages
         self.pending: dict[int, list[str]] = {}  # what a rank wrote after its last cell's end mark
         self.conns: dict[int, _Conn] = {}  # by file descriptor
         self.socks: dict[int, socket.socket] = {}  # by rank
@@ -45,13 +46,13 @@ class Link:
         self.poller = select.poll()
         self.poller.register(listener.fileno(), select.POLLIN)
         self.cgroup = cgroup.create(self.run_id)  # where allowed: nothing a rank starts escapes it (cgroup.py)
+        self.tail = Tail(run.run_dir, self._take)
         try:
-            self.proc = _spawn(command, {**env, cgroup.ENV: self.cgroup} if self.cgroup else env)
+            self.proc = Launch(run, "partrain_edu.launcher.warm.rank_loop",
+                               {**env, cgroup.ENV: self.cgroup} if self.cgroup else env)
         except BaseException:
             cgroup.kill(self.cgroup)
             raise
-        self.lines = Lines(self.proc.stdout.fileno(), self._take)
-        self.poller.register(self.proc.stdout.fileno(), select.POLLIN)
 
     def alive(self) -> bool:
         return not self.lost and self.proc.poll() is None
@@ -64,12 +65,9 @@ class Link:
 
     def pump(self, wait_s: float) -> None:
         """Route what arrives within `wait_s` seconds."""
+        self.tail.read()
         for fd, _ in self.poller.poll(wait_s * 1000):
-            if fd == self.proc.stdout.fileno():
-                self.lines.read(0)
-                if self.lines.eof:
-                    self.poller.unregister(fd)
-            elif self.listener is not None and fd == self.listener.fileno():
+            if self.listener is not None and fd == self.listener.fileno():
                 sock = self.listener.accept()[0]
                 self.conns[sock.fileno()] = _Conn(sock)
                 self.poller.register(sock.fileno(), select.POLLIN)
@@ -103,13 +101,7 @@ class Link:
                 self.cell.done[conn.rank] = {**message, "rank": conn.rank}
                 self.cell.done_at[conn.rank] = time.monotonic()
 
-    def _take(self, line: str) -> None:
-        match = RANK_LINE.match(line)
-        if match is None:
-            self.launcher = self.launcher[-200:] + [line]
-            return
-        rank = int(match.group(1))
-        text = match.group(2)
+    def _take(self, rank: int, text: str) -> None:
         cell = self.cell
         if cell is not None and text == cell.mark:
             cell.marked.add(rank)
@@ -122,7 +114,7 @@ class Link:
 
     def hang_up(self, wait_s: float) -> None:
         """Tell every rank to stop (each rank's loop ends there and the rank exits cleanly); wait up to `wait_s` for
-        torchrun to see them all finish. A socket closed without "stop" means to a rank that the kernel died."""
+        torch's agent to see them all finish. A socket closed without "stop" means to a rank that the kernel died."""
         for conn in self.conns.values():
             with contextlib.suppress(OSError):  # that rank is gone already
                 rank_loop.send(conn.sock, {"op": "stop"})
@@ -130,44 +122,17 @@ class Link:
         self.conns.clear()
         end = time.monotonic() + wait_s
         while self.proc.poll() is None and time.monotonic() < end:
-            self.lines.read(0.05)  # keep the pipe flowing: a rank blocked writing its last lines never exits
+            self.tail.read()
+            time.sleep(0.05)
 
     def kill(self) -> None:
-        """Kill every process of the pool: torchrun, the ranks, whatever they started (found by the run's id)."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        processes.stop(lambda: processes.run_members(self.run_id), KILL_GRACE_S)
+        """Kill every process of the pool: the ranks, their workers, whatever they started (`nanny.members`)."""
+        processes.stop(lambda: nanny.members(self.run_dir, self.run_id), KILL_GRACE_S)
         cgroup.kill(self.cgroup)  # what the scan cannot find: a double-forked, setsid, env={} child
-        try:
-            self.proc.wait(KILL_GRACE_S)
-        except subprocess.TimeoutExpired:  # one the scan may not signal (another user's): stop it directly
-            self.proc.kill()
-            self.proc.wait()
-        self.proc.stdout.close()
+        self.proc.wait(KILL_GRACE_S)
+        self.tail.close()
         for conn in self.conns.values():
             conn.sock.close()
         self.conns.clear()
         if self.listener is not None:
             self.listener.close()
-
-
-def _spawn(command: list[str], env: dict[str, str]) -> subprocess.Popen | agent_server.Forked:
-    """Start torchrun from a thread that waits for it, and so lives exactly as long as it."""
-    started: list = []
-    ready = threading.Event()
-
-    def keep() -> None:
-        try:
-            # A session of its own: the kernel's interrupt (SIGINT to its process group) is ours to pass on.
-            started.append(agent_server.popen(command, env))
-        except BaseException as error:  # noqa: BLE001 - handed to the caller
-            started.append(error)
-        ready.set()
-        if not isinstance(started[0], BaseException):
-            started[0].wait()
-
-    threading.Thread(target=keep, name="partrain-warm-torchrun", daemon=True).start()
-    ready.wait()
-    if isinstance(started[0], BaseException):
-        raise started[0]
-    return started[0]

@@ -4,7 +4,7 @@
         pool.run("x = rank * 10")               #                 %%dist
         pool.run("print(x)", rank=1)            #                 %%dist --rank 1
         pool.run("runtime.publish('y', x)")     # .published == {"y": 0}, rank 0's value; %%dist sets y
-Each rank starts under torch's torchrun as `launcher.oneshot` starts them (loopback rendezvous, `[rank k]` output,
+Each rank starts under torch's agent as `launcher.oneshot` starts them (loopback rendezvous, per-rank output,
 watchdogs: nothing outlives the kernel) and runs `launcher.warm.rank_loop`. Its namespace starts with PRELUDE:
 `torch`, `dist`, `runtime`, `ctx = runtime.init()`, `rank`, `world_size`. The kernel sends each cell's code over a
 Unix socket in a private folder; every rank answers "done" (or its error) once it has written the cell's end mark
@@ -28,12 +28,12 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from partrain_edu.launcher import agent, torchrun_main
+from partrain_edu.launcher import nanny
 from partrain_edu.launcher.diagnose import findings
 from partrain_edu.launcher.diagnose import warm as diagnosis
 from partrain_edu.launcher.diagnose.warm import RESTART, Cell, DistError, DistInterrupted
 from partrain_edu.launcher.options import DEFAULT_RUN_TIMEOUT_S, check_arguments, check_timeout, rank_environment
-from partrain_edu.launcher.output import TorchrunResult, print_echo
+from partrain_edu.launcher.output import Run, TorchrunResult, print_echo
 from partrain_edu.launcher.warm import rank_loop
 from partrain_edu.launcher.warm.link import MARK_PREFIX, Link
 from partrain_edu.runtime import read_published
@@ -48,7 +48,7 @@ rank, world_size = ctx.rank, ctx.world_size
 runtime.publish("backend", ctx.backend)
 """
 GRACE_S = 3.0  # after one rank raised, or after the stop button: how long the others may take to end their cell
-REPORT_WAIT_S = 5.0  # a rank died: how long torchrun may take to stop the others and report exit codes
+REPORT_WAIT_S = 5.0  # a rank died: how long torch's agent may take to stop the others (their exit codes saved)
 STOP_WAIT_S = 10.0  # `stop()`: how long the ranks may take to tear down their process group and exit
 
 
@@ -89,8 +89,8 @@ class Pool:
         try:
             listener.bind(str(self.dir / rank_loop.SOCKET_NAME))
             listener.listen(self.nproc)
-            command = agent.command(self.run_id, self.nproc, "partrain_edu.launcher.warm.rank_loop", str(self.dir))
-            self._link = Link(command, self._rank_env(), listener)
+            run = Run(self.nproc, self.dir, self.echo, None, run_id=self.run_id)
+            self._link = Link(run, self._rank_env(), listener)
             self._accept(started)
             prelude = self._run(PRELUDE, None, self.timeout, self.echo)
             self.backend, self.start_outputs = prelude.published["backend"], prelude.outputs
@@ -111,7 +111,7 @@ class Pool:
         while len(link.pids) < self.nproc:
             if not link.alive():
                 said = link.launcher[-20:] + [f"[rank {r}] {t}" for r, ts in link.pending.items() for t in ts]
-                raise DistError("torchrun ended before every rank was up; it said:\n" + "\n".join(said), None, {},
+                raise DistError("torch's agent ended before every rank was up; it said:\n" + "\n".join(said), None, {},
                                 pool_stopped=True)
             if deadline is not None and time.monotonic() > deadline:
                 raise DistError(f"the ranks were not up within {self.timeout:g} s", None, {}, timed_out=True,
@@ -200,13 +200,13 @@ class Pool:
         return findings.diagnose(self.dir, self.nproc, cell.finished_cleanly())
 
     def _died(self, cell: Cell) -> None:
-        """A rank's process ended: wait for torchrun to save its exit code (`torchrun_main`), stop everything,
-        name it."""
+        """A rank's process ended: wait for torch's agent to stop the others (each worker saves its rank's exit
+        code, `nanny`), stop everything, name it."""
         end = time.monotonic() + REPORT_WAIT_S
         while self._link.proc.poll() is None and time.monotonic() < end:
             self._link.pump(0.05)
-        self._link.lines.read_ready()  # the last lines torchrun wrote before it exited (a forked agent exits at once)
-        codes = torchrun_main.exit_codes(self.dir)
+        self._link.tail.read()  # the last lines the ranks wrote
+        codes = nanny.exit_codes(self.dir)
         calls = self._where_ranks_wait(cell)
         self._kill()
         raise diagnosis.died(cell, codes, self._link.lost, self._link.proc.returncode, calls)

@@ -1,6 +1,6 @@
 """What each warm rank runs: a loop that executes cell after cell in one namespace, for `launcher.warm.pool.Pool`.
 
-    python -m partrain_edu.launcher.agent ... --run-path ... .../launcher/warm/rank_loop.py POOL_DIR   (warm.pool)
+    nanny: rank_loop.main([POOL_DIR]), forked by the rank's worker, or `python -m ...warm.rank_loop POOL_DIR`
 
 The rank connects to the pool's Unix socket POOL_DIR/control.sock and says hello (its rank and pid). Then each
 message is a cell: its code runs with `exec` in a fresh `__main__` module, the same for every cell, so variables
@@ -8,8 +8,8 @@ survive from cell to cell. When the cell ends, the rank flushes its output, writ
 its own (the kernel cuts the output stream there: no line leaks into the next cell) and answers "done", with the
 learner's traceback (trimmed as in `launcher.rank`) if the cell raised. Messages: JSON after a 4-byte length.
 
-Output labelling, the watchdog that kills the pool when the kernel dies, and the clean-up at exit are
-`launcher.rank`'s; the record of the rank's collective calls is `launcher.call_records`'s (POOL_DIR/rank{k}.calls).
+The watchdog that kills the pool when the kernel dies, and the clean-up at exit, are `launcher.rank`'s; the record
+of the rank's collective calls is `launcher.call_records`'s (POOL_DIR/rank{k}.calls).
 SIGINT (the notebook's stop button) raises KeyboardInterrupt only inside a cell.
 """
 from __future__ import annotations
@@ -85,10 +85,7 @@ def _on_sigint(signum: int, frame) -> None:
 
 def main(argv: list[str]) -> int:
     pool_dir = argv[0]
-    rank = int(os.environ.get("RANK", 0))
-    labeller = rank_side._start_labeller(rank)  # first: it forks, and no thread may exist yet
-    rank_side._watch_launcher(pool_dir)
-    call_records.record(pool_dir, rank)
+    rank = rank_side.started(pool_dir)
     signal.signal(signal.SIGINT, _on_sigint)
     # The cells' module is __main__, as a script's is: a class defined in a cell can be pickled (torch.save).
     main_module = types.ModuleType("__main__")
@@ -106,7 +103,7 @@ def main(argv: list[str]) -> int:
                 report = run_cell(message["code"], message.get("name") or f"cell {message['cell']}", namespace)
             except KeyboardInterrupt:  # it landed between the cell's end and the flag's reset
                 report = describe(KeyboardInterrupt())
-            # The end mark goes down the same pipe as the cell's output, after it: the kernel cuts the stream here.
+            # The end mark goes to the same file as the cell's output, after it: the kernel cuts the stream here.
             os.write(1, f"{message['mark']}\n".encode())
             send(sock, {"op": "done", "cell": message["cell"], **report})
     except OSError:  # the kernel went away mid-message
@@ -118,8 +115,8 @@ def main(argv: list[str]) -> int:
         # Objects the cells left (a DDP model, a subgroup) hold the process group's threads: free them first.
         namespace.clear()
         gc.collect()
-        rank_side._destroy_process_group()
-        rank_side._finish(labeller)
+        rank_side.destroy_process_group()
+        rank_side.finish()
     return 0
 
 
@@ -151,7 +148,7 @@ def describe(exc: BaseException) -> dict:
     """The learner's traceback (once: it is not printed on the rank's output), and what kind of failure it is."""
     from partrain_edu.runtime import TIMEOUT_HINT, is_timeout_error
 
-    text = rank_side._user_traceback(exc, skip=(__file__,))
+    text = rank_side.user_traceback(exc, skip=(__file__,))
     timed_out = is_timeout_error(exc)
     if timed_out:
         text += f"\n{TIMEOUT_HINT}\n"
@@ -160,4 +157,4 @@ def describe(exc: BaseException) -> dict:
 
 
 if __name__ == "__main__":
-    rank_side.run_as_worker(main)
+    rank_side.run_exec_d(main)

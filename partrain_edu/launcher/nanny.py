@@ -1,0 +1,170 @@
+"""Each rank's torchrun worker: it starts the rank, waits for it, and keeps its exit code.
+
+    elastic_launch(config, nanny.main)(RUN_DIR, WRAPPER)     (`launcher.start` on Linux: forked by the forkserver)
+    python -m partrain_edu.launcher.nanny RUN_DIR WRAPPER     (`launcher.start` elsewhere; netem's torchrun)
+
+torch's agent starts one worker per rank, with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...). This
+worker, a nanny in ipyparallel's sense:
+1. takes on the launch's environment (RUN_DIR/env.json, written by the launcher) under torchrun's variables, joins
+   the run's cgroup where there is one (`cgroup`), and starts a session of its own (the notebook's interrupt and a
+   terminal's Ctrl-C are the launcher's to pass on); `ps` shows it as "partrain worker K of N [run ID]" and its
+   rank as "partrain rank K of N [run ID]" (`name`);
+2. points fds 1 and 2 at RUN_DIR/rank{k}.out, which the launcher tails (`output.Tail`): what the rank or any child
+   of it writes is that rank's output;
+3. starts the rank, `WRAPPER.main([RUN_DIR])` (`launcher.rank`, `launcher.warm.rank_loop`): forked from itself
+   where it holds torch already and the launch's interpreter-level variables are its own (the forkserver's
+   workers: milliseconds instead of seconds of imports), else exec'd afresh (`python -m WRAPPER RUN_DIR`);
+4. waits for it, passing SIGTERM and SIGINT on, and saves its exit code (negative: the signal that killed it) to
+   RUN_DIR/rank{k}.exit, every failed rank's, whichever torch's agent saw first (`exit_codes`, for `diagnose`).
+   A rank that ends with `os._exit(0)` has finished cleanly, as an exec'd script would have.
+"""
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import importlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from partrain_edu.launcher import cgroup, processes
+
+# What torch's agent sets for each worker (torchrun's documented environment): it wins over the launch's copy.
+TORCHRUN_ENV = ("LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
+                "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+# Variables Python, torch or their libraries read only when they start: a rank forked from a process that started
+# with other values would not see the launch's. The thread count and torch's debug level are set anew after the
+# fork instead (`_forked_rank`).
+INTERPRETER_ENV = re.compile(r"^(PYTHON(?!UNBUFFERED$)|LD_|MALLOC|GLIBC|(OMP|MKL|KMP|GOMP|OPENBLAS)_(?!NUM_THREADS$)"
+                             r"|PYTORCH_|CUDA|HIP_|ROCM|LANG$|LC_|TMPDIR$)")
+ENV_FILE = "env.json"
+
+
+def main(run_dir: str, wrapper: str) -> None:
+    rank = int(os.environ["RANK"])
+    inherited = dict(os.environ)
+    with open(os.path.join(run_dir, ENV_FILE)) as f:
+        launch_env = json.load(f)
+    env = {**launch_env, **{k: v for k, v in inherited.items() if k in TORCHRUN_ENV or k.startswith("TORCHELASTIC_")}}
+    os.environ.clear()
+    os.environ.update(env)
+    name(f"partrain worker {rank} of {env['WORLD_SIZE']}")
+    cgroup.join(env.get(cgroup.ENV))  # before the rank starts: all it starts stays in the run's cgroup
+    with contextlib.suppress(OSError, AttributeError):  # exec'd by torch, it leads a session already; Windows
+        os.setsid()
+    _write(run_dir, f"rank{rank}.worker", processes.identity(os.getpid()) or "")
+    out = os.open(os.path.join(run_dir, f"rank{rank}.out"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+    if _read_at_start(env) == _read_at_start(inherited) and wrapper in sys.modules and hasattr(os, "fork"):
+        code = _wait_forked(wrapper, run_dir)
+    else:
+        code = _wait_exec(wrapper, run_dir, env)
+    _write(run_dir, f"rank{rank}.exit", str(code))
+    if code:
+        sys.exit(1)
+
+
+def _read_at_start(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if INTERPRETER_ENV.match(k)}
+
+
+def _wait_forked(wrapper: str, run_dir: str) -> int:
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = _forked_rank(wrapper, run_dir)
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)  # no interpreter teardown: it can abort while Gloo's threads finish
+    _pass_on_signals(lambda sig: os.kill(pid, sig))
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def _forked_rank(wrapper: str, run_dir: str) -> int:
+    """In the forked rank: what an exec'd interpreter would have read from the environment at start, then the rank."""
+    import torch
+
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    if torch.distributed.is_available():
+        torch.distributed.set_debug_level_from_env()
+    for stream in (sys.stdout, sys.stderr):  # as PYTHONUNBUFFERED=1 and backslashreplace would have it
+        stream.reconfigure(line_buffering=True, write_through=True, errors="backslashreplace")
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if not os.environ.get("PYTHONFAULTHANDLER"):
+        faulthandler.disable()  # torch's worker turned it on: a crash would print every thread's stack
+    return importlib.import_module(wrapper).main([run_dir])
+
+
+def _wait_exec(wrapper: str, run_dir: str, env: dict[str, str]) -> int:
+    proc = subprocess.Popen([sys.executable, "-m", wrapper, run_dir], env=env, stdin=subprocess.DEVNULL)
+    _pass_on_signals(proc.send_signal)
+    return proc.wait()
+
+
+def _pass_on_signals(send) -> None:
+    # torch's agent stops a failed run's other workers with SIGTERM: the rank is what must stop.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: send(signum))
+
+
+def write_env(run_dir: str | os.PathLike, env: dict[str, str]) -> None:
+    """The launch's side: the ranks' environment, for their workers to take on (RUN_DIR is the launcher's alone)."""
+    _write(str(run_dir), ENV_FILE, json.dumps(env))
+
+
+def name(title: str) -> None:
+    """What `ps` shows for this process: `title` and the run's id, in place of the forkserver's command line its
+    workers inherit (setproctitle; SPT_NOENV keeps the environment where the system shows it)."""
+    os.environ["SPT_NOENV"] = "1"
+    import setproctitle
+
+    run_id = os.environ.get(processes.RUN_ENV, "")
+    setproctitle.setproctitle(f"{title} [run {run_id[:8]}]" if run_id else title)
+
+
+def _write(run_dir: str, name: str, text: str) -> None:
+    path = os.path.join(run_dir, name)
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)  # whole or absent: the launcher may read at any moment
+
+
+def exit_codes(run_dir: str | os.PathLike) -> dict[int, int]:
+    """{rank: exit code} of every rank whose worker saw it end (negative: the signal that killed it)."""
+    codes = {}
+    for path in Path(run_dir).glob("rank*.exit"):
+        with contextlib.suppress(ValueError, OSError):
+            codes[int(path.name[4:-5])] = int(path.read_text())
+    return codes
+
+
+def roots(run_dir: str | os.PathLike) -> list[str]:
+    """The identities of the run's workers and ranks still running, from their files: forked, they show their
+    parent's environment, not the run's id."""
+    found = []
+    for path in [*Path(run_dir).glob("rank*.worker"), *Path(run_dir).glob("rank*.pid")]:
+        with contextlib.suppress(OSError):
+            ident = path.read_text().strip()
+            if ident.count(":") == 1 and processes.is_running(ident):
+                found.append(ident)
+    return found
+
+
+def members(run_dir: str | os.PathLike, run_id: str) -> list[processes.Proc]:
+    """Every live process of the run: its workers and ranks, what carries the run's id, and their descendants."""
+    return processes.run_members(run_id, roots(run_dir))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
