@@ -75,8 +75,13 @@ refresh: install
 # Three workers on two cores: the tests wait a good part of their time (emulated devices keep wall-clock rhythm,
 # failure tests wait for timeouts), and a third file's work fills it. A test's verdict never depends on load.
 # The lint (ruff, configured in pyproject.toml; notebooks are not linted) comes first: a finding fails the target.
+# Then the launcher, warm-pool, diagnosis and grading tests once more on the portable path, as macOS starts ranks
+# (every rank afresh: README, "Where it runs"); the few that test the forkserver itself skip there.
+PORTABLE := tests/test_launch.py tests/test_launch_failures.py tests/test_warm.py tests/test_warm_ended.py \
+	tests/test_status_line.py tests/test_grading_hostile.py tests/test_grading_ranks.py tests/test_containment.py
 test: install browser
 	$(BIN)/ruff check partrain_edu tests && $(BIN)/python -m pytest tests notebooks $(NBVAL) -n 3 --dist loadfile --durations=25
+	PARTRAIN_START_METHOD=spawn $(BIN)/python -m pytest $(PORTABLE) -n 3 --dist loadfile
 
 # The browser test drives Debian's Chromium (Playwright's own browser download is not used), and the notebooks'
 # Chinese terms need a CJK font there (fonts-noto-cjk; without one each character is an empty box). Each is

@@ -12,10 +12,12 @@ import uuid
 
 import pytest
 
-from partrain_edu.launcher import TorchrunError, torchrun
+from partrain_edu.launcher import TorchrunError, start, torchrun
 from partrain_edu.notebook.magics import run_cell_magic
 
 MARKER_ENV = "PARTRAIN_TEST_MARKER"
+# What only the forkserver does (Linux), skipped on the portable path (`make test` runs these files there too).
+forkserver_only = pytest.mark.skipif(not start.forks(), reason="the portable path starts every rank afresh")
 
 
 HELPERS = ("multiprocessing.forkserver import main", "multiprocessing.resource_tracker import main")
@@ -121,6 +123,7 @@ os._exit(0)  # no return to the wrapper: still a clean finish, as in a process o
 """
 
 
+@forkserver_only
 def test_ranks_are_forked_with_torch_loaded_and_start_as_processes_of_their_own():
     # torch comes from the forkserver (not its compiler stack: forked after it, DDP ranks hung at exit); each rank is
     # forked by its worker (torchrun's), which leads a session of its own, and starts with an exec'd one's defaults
@@ -140,6 +143,7 @@ print(json.dumps({"forkserver": rank.parent().parent().pid, "hash": hash("partra
 """
 
 
+@forkserver_only
 def test_every_launch_forks_from_one_forkserver_unless_it_sets_what_an_interpreter_reads_at_start():
     # One helper per process: CPython's forkserver. A PYTHONHASHSEED (read when Python starts) of the launch's
     # own gets a rank exec'd afresh, which honours it; every rank sees the launch's environment.

@@ -25,7 +25,7 @@ from partrain_edu.launcher.diagnose import findings
 from partrain_edu.launcher.diagnose.oneshot import explain_mismatch, failure
 from partrain_edu.launcher.output import Run
 from partrain_edu.notebook.magics import MagicUsageError, parse_magic_line, run_cell_magic
-from test_launch import leftovers, new_marker
+from test_launch import forkserver_only, leftovers, new_marker
 
 HEADER = "import os, signal, subprocess, sys, time\nfrom partrain_edu import runtime\nctx = runtime.init()\n"
 
@@ -106,6 +106,7 @@ def test_nothing_survives_a_killed_caller(tmp_path, sig):
         caller.wait()
 
 
+@forkserver_only
 def test_a_script_that_launches_without_a_main_guard_gets_the_rule_not_endless_ranks(tmp_path):
     # Each rank's worker imports the launching script's top level again (multiprocessing's forkserver and spawn):
     # the launch it meets there is refused by Python itself, with the idiom, and the run fails once
