@@ -125,11 +125,12 @@ os._exit(0)  # no return to the wrapper: still a clean finish, as in a process o
 
 @forkserver_only
 def test_ranks_are_forked_with_torch_loaded_and_start_as_processes_of_their_own():
-    # torch comes from the forkserver (not its compiler stack: forked after it, DDP ranks hung at exit); each rank is
-    # forked by its worker (torchrun's), which leads a session of its own, and starts with an exec'd one's defaults
+    # torch and the compiler stack an optimizer's first step loads come from the forkserver (`launcher.warmup`);
+    # each rank is forked by its worker (torchrun's), which leads a session of its own, and starts with the
+    # defaults an exec'd interpreter has
     outputs = torchrun(FORKED, nproc=2, echo=None).outputs
     assert {r: json.loads(text) for r, text in outputs.items()} == {r: {
-        "torch": True, "torch._dynamo": False, "own_session": True, "sigterm_default": True, "pdeathsig": 0,
+        "torch": True, "torch._dynamo": True, "own_session": True, "sigterm_default": True, "pdeathsig": 0,
         "faulthandler": False, "threads": 1} for r in range(2)}
 
 
@@ -178,6 +179,13 @@ def test_every_failed_rank_s_exit_code_is_kept_not_only_the_first_torch_saw():
     with pytest.raises(TorchrunError) as info:
         torchrun(SIMULTANEOUS, nproc=2, echo=None, timeout=60)
     assert info.value.rank == 1 and "killed by signal SIGKILL" in str(info.value)
+
+
+def test_ranks_run_where_the_caller_is_at_launch_time(tmp_path, monkeypatch):
+    torchrun("print(1)", nproc=1, echo=None)  # the forkserver, where there is one, starts here (the worker's cwd)
+    monkeypatch.chdir(tmp_path)  # `%cd` in a notebook
+    result = torchrun("import os\nprint(os.getcwd())", nproc=2, echo=None)
+    assert result.outputs == {r: f"{tmp_path}\n" for r in range(2)}
 
 
 def test_show_rank_streams_only_that_rank_but_keeps_all_outputs():

@@ -2,13 +2,13 @@
 escapes (a process can leave a cgroup only by being moved out, which needs the rights of the one who made it).
 
     path = create(run_id)     # the launcher: a child of its own cgroup (cgroup v2), or None
-    join(path)                # the torchrun agent, before it starts any rank: everything it starts inherits it
+    join(path)                # each rank's worker (`nanny`), before its rank starts: all it starts inherits it
     kill(path)                # the launcher, once the run is over: cgroup.kill, then the folder goes
 
-`processes` finds a run's processes by their PARTRAIN_RUN_ID or their ancestry; a rank's child that double-forks,
-calls setsid and clears its environment has neither, but it stays in the run's cgroup. Needs a writable cgroup2
-hierarchy with `cgroup.kill` (Linux 5.14), as root or in a delegated subtree; elsewhere `create` returns None
-and only the scan stands (README's platform table says where).
+`processes` finds a run's processes by their files, their PARTRAIN_RUN_ID or their ancestry; a rank's child that
+double-forks, calls setsid and clears its environment has none of these, but it stays in the run's cgroup. Needs
+a writable cgroup2 hierarchy with `cgroup.kill` (Linux 5.14), as root or in a delegated subtree; elsewhere
+`create` returns None and only the scan stands (README's platform table says where).
 """
 from __future__ import annotations
 

@@ -5,7 +5,8 @@
 
 torch's agent starts one worker per rank, with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...). This
 worker, a nanny in ipyparallel's sense:
-1. takes on the launch's environment (RUN_DIR/env.json, written by the launcher) under torchrun's variables, joins
+1. takes on the launch's environment and working directory (RUN_DIR/env.json, written by the launcher) under
+   torchrun's variables, joins
    the run's cgroup where there is one (`cgroup`), and starts a session of its own (the notebook's interrupt and a
    terminal's Ctrl-C are the launcher's to pass on); `ps` shows it as "partrain worker K of N [run ID]" and its
    rank as "partrain rank K of N [run ID]" (`name`);
@@ -48,10 +49,12 @@ def main(run_dir: str, wrapper: str) -> None:
     rank = int(os.environ["RANK"])
     inherited = dict(os.environ)
     with open(os.path.join(run_dir, ENV_FILE)) as f:
-        launch_env = json.load(f)
-    env = {**launch_env, **{k: v for k, v in inherited.items() if k in TORCHRUN_ENV or k.startswith("TORCHELASTIC_")}}
+        launch = json.load(f)
+    torchrun = {k: v for k, v in inherited.items() if k in TORCHRUN_ENV or k.startswith("TORCHELASTIC_")}
+    env = {**launch["env"], **torchrun}
     os.environ.clear()
     os.environ.update(env)
+    os.chdir(launch["cwd"])  # the launcher's now, not the forkserver's (where the kernel was at its first launch)
     name(f"partrain worker {rank} of {env['WORLD_SIZE']}")
     cgroup.join(env.get(cgroup.ENV))  # before the rank starts: all it starts stays in the run's cgroup
     with contextlib.suppress(OSError, AttributeError):  # exec'd by torch, it leads a session already; Windows
@@ -119,8 +122,9 @@ def _pass_on_signals(send) -> None:
 
 
 def write_env(run_dir: str | os.PathLike, env: dict[str, str]) -> None:
-    """The launch's side: the ranks' environment, for their workers to take on (RUN_DIR is the launcher's alone)."""
-    _write(str(run_dir), ENV_FILE, json.dumps(env))
+    """The launch's side: the ranks' environment and working directory (this process's), for their workers to take
+    on (RUN_DIR is the launcher's alone)."""
+    _write(str(run_dir), ENV_FILE, json.dumps({"env": env, "cwd": os.getcwd()}))
 
 
 def name(title: str) -> None:

@@ -14,9 +14,9 @@ torchrun process. Where the workers come from (torchrun's `--start-method`):
   (`python -m partrain_edu.launcher.nanny`), and so is its rank, which imports torch itself: about 1–2 s more
   per launch.
 The ranks inherit no handle of ours: the launcher finds them by their files (`nanny.members`) and stops them
-through psutil; the agent then sees its workers end and returns. As with any multiprocessing forkserver or
-spawn, each worker imports the launching script's top level again: a script (not a notebook) must put its launch
-under `if __name__ == "__main__":`, and Python's own error says so when it does not.
+through psutil; the agent then sees its workers end and returns. As with any multiprocessing forkserver, each
+worker imports the launching script's top level again: a script (not a notebook) must put its launch under
+`if __name__ == "__main__":`, and Python's own error says so when it does not.
 """
 from __future__ import annotations
 
@@ -36,10 +36,10 @@ from partrain_edu.launcher import nanny, processes, rendezvous
 from partrain_edu.launcher.options import KILL_GRACE_S
 
 START_METHOD_ENV = "PARTRAIN_START_METHOD"  # "spawn": every worker and rank afresh, as off Linux (README)
-# Imported once by the forkserver, before it forks any worker: torch and both wrappers a rank runs. Not torch's
-# compiler stack, which an optimizer's first step loads (about 1 s per rank here): forked after it was loaded
-# (`torch.compiler.reset()` loads it), 10 of 40 runs of notebook 02's DDP cell hung as a rank freed its model.
-PRELOAD = ["partrain_edu.launcher.nanny", "partrain_edu.launcher.rank", "partrain_edu.launcher.warm.rank_loop"]
+# Imported once by the forkserver, before it forks any worker: torch, both wrappers a rank runs, and the compiler
+# stack an optimizer's first step would load in every rank (`warmup`).
+PRELOAD = ["partrain_edu.launcher.nanny", "partrain_edu.launcher.rank", "partrain_edu.launcher.warm.rank_loop",
+           "partrain_edu.launcher.warmup"]
 AGENT_THREAD = "partrain-agent"
 MONITOR_S = 0.05  # how often torch's agent looks at its workers (torchrun's --monitor-interval)
 

@@ -1,10 +1,10 @@
-"""`%dist`: ranks kept running between cells, variables and all (ipyparallel's engines, on torchrun).
+"""`%dist`: ranks kept running between cells, variables and all (ipyparallel's engines, on torch's agent).
 
 | module      | process    | what it does                                                                        |
 |-------------|------------|-------------------------------------------------------------------------------------|
 | `pool`      | kernel     | `Pool(nproc)`: start the ranks once, `pool.run(code)` per cell, stop them             |
-| `link`      | kernel     | the torchrun process and the ranks' sockets, read by one poll loop                    |
-| `rank_loop` | each rank  | `python -m partrain_edu.launcher.warm.rank_loop`: run cell after cell in one namespace |
+| `link`      | kernel     | the launch, the ranks' output files and sockets, read by one poll loop                |
+| `rank_loop` | each rank  | run cell after cell in one namespace (started by its worker, `launcher.nanny`)       |
 
     with Pool(2) as pool:            # in a notebook: %dist start -n 2, then %%dist cells
         pool.run("x = rank")

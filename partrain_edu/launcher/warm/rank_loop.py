@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import gc
 import json
 import linecache
 import os
@@ -112,10 +111,7 @@ def main(argv: list[str]) -> int:
         sock.close()
         if kernel_died:  # its socket closed without a "stop": this rank ends before its watchdog can notice, so
             shutil.rmtree(pool_dir, ignore_errors=True)  # it does the watchdog's first job, the kernel's folder
-        # Objects the cells left (a DDP model, a subgroup) hold the process group's threads: free them first.
-        namespace.clear()
-        gc.collect()
-        rank_side.destroy_process_group()
+        # What the cells left is never freed: the rank ends with os._exit (see `launcher.rank._run` for why).
         rank_side.finish()
     return 0
 
