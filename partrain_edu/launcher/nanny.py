@@ -59,7 +59,7 @@ def main(run_dir: str, wrapper: str) -> None:
     cgroup.join(env.get(cgroup.ENV))  # before the rank starts: all it starts stays in the run's cgroup
     with contextlib.suppress(OSError, AttributeError):  # exec'd by torch, it leads a session already; Windows
         os.setsid()
-    _write(run_dir, f"rank{rank}.worker", processes.identity(os.getpid()) or "")
+    write_whole(run_dir, f"rank{rank}.worker", processes.identity(os.getpid()) or "")
     out = os.open(os.path.join(run_dir, f"rank{rank}.out"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(out, 1)
     os.dup2(out, 2)
@@ -68,7 +68,7 @@ def main(run_dir: str, wrapper: str) -> None:
         code = _wait_forked(wrapper, run_dir)
     else:
         code = _wait_exec(wrapper, run_dir, env)
-    _write(run_dir, f"rank{rank}.exit", str(code))
+    write_whole(run_dir, f"rank{rank}.exit", str(code))
     if code:
         sys.exit(1)
 
@@ -124,7 +124,7 @@ def _pass_on_signals(send) -> None:
 def write_env(run_dir: str | os.PathLike, env: dict[str, str]) -> None:
     """The launch's side: the ranks' environment and working directory (this process's), for their workers to take
     on (RUN_DIR is the launcher's alone)."""
-    _write(str(run_dir), ENV_FILE, json.dumps({"env": env, "cwd": os.getcwd()}))
+    write_whole(run_dir, ENV_FILE, json.dumps({"env": env, "cwd": os.getcwd()}))
 
 
 def name(title: str) -> None:
@@ -137,30 +137,36 @@ def name(title: str) -> None:
     setproctitle.setproctitle(f"{title} [run {run_id[:8]}]" if run_id else title)
 
 
-def _write(run_dir: str, name: str, text: str) -> None:
+def write_whole(run_dir: str | os.PathLike, name: str, text: str) -> None:
+    """RUN_DIR/`name` holding `text`, whole or absent: the launcher may read at any moment, a rank die mid-write."""
     path = os.path.join(run_dir, name)
     with open(path + ".tmp", "w") as f:
         f.write(text)
-    os.replace(path + ".tmp", path)  # whole or absent: the launcher may read at any moment
+    os.replace(path + ".tmp", path)
+
+
+def rank_files(run_dir: str | os.PathLike, suffix: str) -> dict[int, Path]:
+    """{k: RUN_DIR/rank{k}{suffix}} for every such file (.pid, .worker, .out, .exit, .error, .done, .calls)."""
+    return {int(path.name[4:-len(suffix)]): path for path in Path(run_dir).glob(f"rank*{suffix}")}
 
 
 def exit_codes(run_dir: str | os.PathLike) -> dict[int, int]:
     """{rank: exit code} of every rank whose worker saw it end (negative: the signal that killed it)."""
     codes = {}
-    for path in Path(run_dir).glob("rank*.exit"):
+    for rank, path in rank_files(run_dir, ".exit").items():
         with contextlib.suppress(ValueError, OSError):
-            codes[int(path.name[4:-5])] = int(path.read_text())
+            codes[rank] = int(path.read_text())
     return codes
 
 
 def roots(run_dir: str | os.PathLike) -> list[str]:
-    """The identities of the run's workers and ranks still running, from their files: forked, they show their
-    parent's environment, not the run's id."""
+    """The identities ("pid:start") of the run's workers and ranks, from their files: forked, they show their
+    parent's environment, not the run's id. `processes.run_members` keeps those still running."""
     found = []
-    for path in [*Path(run_dir).glob("rank*.worker"), *Path(run_dir).glob("rank*.pid")]:
+    for path in [*rank_files(run_dir, ".worker").values(), *rank_files(run_dir, ".pid").values()]:
         with contextlib.suppress(OSError):
             ident = path.read_text().strip()
-            if ident.count(":") == 1 and processes.is_running(ident):
+            if ident.count(":") == 1:
                 found.append(ident)
     return found
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from partrain_edu.launcher import nanny
+
 LONGEST_LINE = 1 << 20  # a "line" that never ends is passed on in pieces of this size
 
 
@@ -48,7 +50,7 @@ class Run:
 
     def ranks_with(self, suffix: str) -> set[int]:
         """Ranks that wrote RUN_DIR/rank{k}{suffix}: .pid started, .error raised, .done finished cleanly."""
-        return {int(p.name[4:-len(suffix)]) for p in self.run_dir.glob(f"rank*{suffix}")}
+        return set(nanny.rank_files(self.run_dir, suffix))
 
 
 def print_echo(rank: int | None, text: str) -> None:
@@ -69,8 +71,7 @@ class Tail:
         """Pass on every whole line written since the last call."""
         if self.closed:
             return
-        for path in self.run_dir.glob("rank*.out"):
-            rank = int(path.name[4:-4])
+        for rank, path in nanny.rank_files(self.run_dir, ".out").items():
             if rank not in self.files:
                 self.files[rank] = open(path, "rb")  # noqa: SIM115 - held open across calls, closed in close()
                 self.pending[rank] = b""

@@ -31,6 +31,7 @@ from typing import Callable
 from partrain_edu.launcher import call_records, cgroup, nanny, processes
 
 WATCH_S = 0.5  # how often the watchdog looks at the launcher
+_LEFT: list[dict] = []  # the finished scripts' namespaces, kept until the process ends (`_run` says why)
 
 
 def _watch_launcher(run_dir: str) -> None:
@@ -64,9 +65,6 @@ def finish() -> None:
     processes.stop(lambda: processes.leftovers_of(os.getpid()), grace_s=0.5)
 
 
-_LEFT: list[dict] = []  # the finished scripts' namespaces, kept until the process ends
-
-
 def user_traceback(exc: BaseException, skip: tuple[str, ...] = ()) -> str:
     """The traceback without the launcher's, runpy's, torch's and `skip`'s frames: the learner's code is what
     failed (`skip`: the files of another wrapper, such as `launcher.warm.rank_loop`)."""
@@ -96,10 +94,7 @@ def started(run_dir: str) -> int:
     rank = int(os.environ.get("RANK", 0))
     nanny.name(f"partrain rank {rank} of {os.environ.get('WORLD_SIZE', 1)}")
     _watch_launcher(run_dir)
-    pid_file = os.path.join(run_dir, f"rank{rank}.pid")
-    with open(pid_file + ".tmp", "w") as f:
-        f.write(processes.identity(os.getpid()) or str(os.getpid()))
-    os.replace(pid_file + ".tmp", pid_file)  # the launcher never sees a half-written file
+    nanny.write_whole(run_dir, f"rank{rank}.pid", processes.identity(os.getpid()) or str(os.getpid()))
     call_records.record(run_dir, rank)
     return rank
 
@@ -140,10 +135,7 @@ def _run(run_dir: str, rank: int) -> int:
 
 def _write_error(run_dir: str, rank: int, text: str, timed_out: bool) -> None:
     record = {"rank": rank, "time": time.time(), "traceback": text, "timed_out": timed_out}
-    path = os.path.join(run_dir, f"rank{rank}.error")
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f)
-    os.replace(path + ".tmp", path)  # whole or not at all: torchrun may kill this rank mid-write
+    nanny.write_whole(run_dir, f"rank{rank}.error", json.dumps(record))
 
 
 def run_exec_d(main: Callable[[list[str]], int]) -> None:

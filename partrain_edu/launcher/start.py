@@ -1,7 +1,7 @@
 """Start a launch's ranks with torch's own agent, the one torchrun runs, in a thread of the launching process.
 
     launch = Launch(run, "partrain_edu.launcher.rank", env)        # oneshot (warm.link: rank_loop)
-    launch.poll() / launch.wait(s) / launch.returncode / launch.stop()
+    launch.poll() / launch.wait(s) / launch.returncode      (`supervise` stops it: `nanny.members`)
 
 `torch.distributed.launcher.api.elastic_launch` (torchrun's own `launch_agent`) starts `nproc` workers
 (`launcher.nanny`), each of which starts one rank, on the loopback rendezvous of `launcher.rendezvous`. The agent
@@ -32,8 +32,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from partrain_edu.launcher import nanny, processes, rendezvous
-from partrain_edu.launcher.options import KILL_GRACE_S
+from partrain_edu.launcher import nanny, rendezvous
 
 START_METHOD_ENV = "PARTRAIN_START_METHOD"  # "spawn": every worker and rank afresh, as off Linux (README)
 # Imported once by the forkserver, before it forks any worker: torch, both wrappers a rank runs, and the compiler
@@ -127,12 +126,4 @@ class Launch:
     def wait(self, timeout: float | None = None) -> int | None:
         self.thread.join(timeout)
         return self.returncode
-
-    def members(self) -> list[processes.Proc]:
-        return nanny.members(self.run_dir, self.run_id)
-
-    def stop(self, grace_s: float = KILL_GRACE_S) -> None:
-        """End every process of the launch (SIGTERM, SIGKILL `grace_s` later); the agent then sees its workers gone."""
-        processes.stop(self.members, grace_s)
-        self.wait(grace_s + 5.0)
 

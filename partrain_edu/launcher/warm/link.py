@@ -14,9 +14,8 @@ import socket
 import time
 from dataclasses import dataclass
 
-from partrain_edu.launcher import cgroup, nanny, processes
+from partrain_edu.launcher import cgroup, processes, supervise
 from partrain_edu.launcher.diagnose.warm import Cell
-from partrain_edu.launcher.options import KILL_GRACE_S
 from partrain_edu.launcher.output import Run, Tail
 from partrain_edu.launcher.start import Launch
 from partrain_edu.launcher.warm import rank_loop
@@ -126,10 +125,8 @@ class Link:
             time.sleep(0.05)
 
     def kill(self) -> None:
-        """Kill every process of the pool: the ranks, their workers, whatever they started (`nanny.members`)."""
-        processes.stop(lambda: nanny.members(self.run_dir, self.run_id), KILL_GRACE_S)
-        cgroup.kill(self.cgroup)  # what the scan cannot find: a double-forked, setsid, env={} child
-        self.proc.wait(KILL_GRACE_S)
+        """Kill every process of the pool: the ranks, their workers, whatever they started (as a one-shot run's)."""
+        supervise.stop([self.proc], self)
         self.tail.close()
         for conn in self.conns.values():
             conn.sock.close()
