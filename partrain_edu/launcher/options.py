@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from partrain_edu.launcher import processes
-from partrain_edu.launcher.diagnose.oneshot import RANK_DEBUG_ENV
 from partrain_edu.runtime import BACKEND_ENV, DEFAULT_TIMEOUT_S, PUBLISH_DIR_ENV, TIMEOUT_ENV
 
 # A cell that runs longer than this is stopped. It catches what the 60 s collective timeout inside the ranks
@@ -59,10 +58,9 @@ def script_path(code_or_path: str | os.PathLike, run_dir: Path, name: str) -> st
 
 def rank_environment(run_id: str, publish_dir: Path, timeout: float | None, env: dict[str, str] | None = None,
                      backend: str | None = None) -> dict[str, str]:
-    """The ranks' environment: this process's, then `env`, then what the launcher must set. The debug switches of
-    RANK_DEBUG_ENV apply unless the caller's environment (`%env`) or `env` sets them."""
+    """The ranks' environment: this process's, then `env`, then what the launcher must set."""
     collective_s = DEFAULT_TIMEOUT_S if timeout is None else min(DEFAULT_TIMEOUT_S, 0.75 * timeout)
-    ranks = {**RANK_DEBUG_ENV, **os.environ, **(env or {}), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+    ranks = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
              PUBLISH_DIR_ENV: str(publish_dir), TIMEOUT_ENV: str(collective_s), processes.RUN_ENV: run_id,
              processes.LAUNCHER_ENV: processes.identity(os.getpid()) or ""}
     if os.path.exists("/sys/class/net/lo"):  # Gloo's own sockets on loopback too (single node)

@@ -1,16 +1,13 @@
 """Finding and signalling the processes of one launch, and never anybody else's, through psutil.
 
-Every process a rank starts inherits `PARTRAIN_RUN_ID=<fresh id>` in its environment, so "the processes of this
-run" are those whose environment says so (psutil's `Process.environ()`), the run's workers and ranks themselves
-(named by identity: forked, they show their parent's environment; `nanny.roots`), and all their descendants:
-found whatever session or process group they moved to. A process that cleared its environment is still found
-while it descends from one of these; one that also left that ancestry (a double fork) is not, and only the run's
-cgroup (`cgroup.py`, where the machine allows one) still holds it.
+A run's processes are those whose environment carries its `PARTRAIN_RUN_ID` (psutil's `environ()`), its workers and
+ranks (named by identity, "pid:start": forked, they show their parent's environment; `nanny.roots`), and all their
+descendants, whatever session or process group they moved to. A process that cleared its environment and left that
+ancestry (a double fork) is found by none of these: only the run's cgroup (`cgroup.py`) still holds it.
 
-Signals are sent to single processes, never to a process group, so there is no PID 0, -1 or own group to hit by
-mistake. Each goes through a `psutil.Process` made *after* checking that the PID still has the start time the
-scan saw, and psutil checks it again before it signals: a process that exited and whose PID went to someone else
-meanwhile is never signalled. psutil reads each platform's own tables (Linux, macOS, Windows, the BSDs).
+Signals go to single processes, never to a group (no PID 0, -1 or own group to hit by mistake), each through a
+`psutil.Process` made after checking that the PID still has the start time the scan saw; psutil checks it again
+before it signals. psutil reads each platform's own tables (Linux, macOS, Windows, the BSDs).
 """
 from __future__ import annotations
 
@@ -28,25 +25,16 @@ import psutil
 RUN_ENV = "PARTRAIN_RUN_ID"
 LAUNCHER_ENV = "PARTRAIN_LAUNCHER"  # identity() of the process that called torchrun(), for the ranks' watchdogs
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-_GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, ProcessLookupError)
+_GONE = (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError, PermissionError)
 
 
 @dataclass(frozen=True)
 class Proc:
     pid: int
     ppid: int
-    pgid: int
+    pgid: int  # -1 where there are no process groups (Windows)
     start: int  # psutil's create time in 1/100 s: with the pid, unique for the machine's uptime
     session: int = -1
-
-
-def _group_and_session(pid: int) -> tuple[int, int]:
-    if not hasattr(os, "getsid"):   # Windows has neither
-        return -1, -1
-    try:
-        return os.getpgid(pid), os.getsid(pid)
-    except (ProcessLookupError, PermissionError):
-        return -1, -1
 
 
 def _proc(p: psutil.Process) -> Proc | None:
@@ -55,11 +43,12 @@ def _proc(p: psutil.Process) -> Proc | None:
         with p.oneshot():
             if p.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
                 return None
-            ppid = p.ppid()
-            start = round(p.create_time() * 100)
-    except (*_GONE, psutil.AccessDenied):
+            ppid, start = p.ppid(), round(p.create_time() * 100)
+    except _GONE:
         return None
-    pgid, session = _group_and_session(p.pid)
+    pgid = session = -1
+    with contextlib.suppress(AttributeError, OSError):  # Windows has neither; some systems hide other sessions'
+        pgid, session = os.getpgid(p.pid), os.getsid(p.pid)
     return Proc(p.pid, ppid, pgid, start, session)
 
 
@@ -78,7 +67,7 @@ def identity(pid: int) -> str | None:
 
 
 def is_running(ident: str) -> bool:
-    pid, start = (int(part) for part in ident.split(":"))
+    pid, start = map(int, ident.split(":"))
     proc = read(pid)
     return proc is not None and proc.start == start
 
@@ -91,21 +80,24 @@ def _descendants(table: dict[int, Proc], roots: Iterable[int]) -> set[int]:
     children: dict[int, list[int]] = {}
     for proc in table.values():
         children.setdefault(proc.ppid, []).append(proc.pid)
-    found = set(roots)
-    todo = list(found)
+    found, todo = set(roots), list(roots)
     while todo:
-        for child in children.get(todo.pop(), ()):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
+        new = set(children.get(todo.pop(), ())) - found
+        found |= new
+        todo += new
     return found
 
 
 def _has_env(pid: int, name: str, value: str) -> bool:
     try:
         return psutil.Process(pid).environ().get(name) == value
-    except (*_GONE, psutil.AccessDenied, OSError):   # another user's process, or gone
+    except (*_GONE, OSError):  # another user's process, or gone
         return False
+
+
+def _listed(table: dict[int, Proc], pids: set[int]) -> list[Proc]:
+    """The live processes of `pids`, except the calling one, in PID order."""
+    return [table[pid] for pid in sorted(pids) if pid in table and pid != os.getpid()]
 
 
 def run_members(run_id: str, roots: Iterable[str] = ()) -> list[Proc]:
@@ -113,18 +105,16 @@ def run_members(run_id: str, roots: Iterable[str] = ()) -> list[Proc]:
     a forked process shows its parent's environment), or descending from either; except the calling process."""
     table = _table()
     marked = {pid for pid in table if _has_env(pid, RUN_ENV, run_id)}
-    for ident in roots:
-        pid, start = (int(part) for part in ident.split(":"))
+    for pid, start in (map(int, ident.split(":")) for ident in roots):
         if pid in table and table[pid].start == start:
             marked.add(pid)
-    return [table[pid] for pid in sorted(_descendants(table, marked)) if pid in table and pid != os.getpid()]
+    return _listed(table, _descendants(table, marked))
 
 
-def leftovers_of(pid: int, keep: set[int] = frozenset()) -> list[Proc]:
+def leftovers_of(pid: int) -> list[Proc]:
     """What `pid` started and left running: its descendants and the members of the process group it leads."""
     table = _table()
-    found = _descendants(table, {pid}) | {p.pid for p in table.values() if p.pgid == pid}
-    return [table[p] for p in sorted(found - {pid, os.getpid(), *keep}) if p in table]
+    return _listed(table, _descendants(table, {pid}) - {pid} | {p.pid for p in table.values() if p.pgid == pid})
 
 
 def children(pid: int) -> list[Proc]:
@@ -136,19 +126,17 @@ def session_members(sid: int) -> list[Proc]:
     """Every live process of session `sid` or of process group `sid`, and every descendant of process `sid` (a
     child that started a session of its own is found while its parent lives), except the calling process."""
     table = _table()
-    found = _descendants(table, {sid}) | {p.pid for p in table.values() if sid in (p.session, p.pgid)}
-    return [table[p] for p in sorted(found) if p in table and p != os.getpid()]
+    return _listed(table, _descendants(table, {sid}) | {p.pid for p in table.values() if sid in (p.session, p.pgid)})
 
 
 def signal_each(procs: list[Proc], sig: int) -> None:
     for proc in procs:
         if proc.pid <= 1 or proc.pid == os.getpid():
             continue
-        with contextlib.suppress(*_GONE, psutil.AccessDenied):
+        with contextlib.suppress(*_GONE):
             target = psutil.Process(proc.pid)
-            if round(target.create_time() * 100) != proc.start:
-                continue  # it exited: that PID is somebody else's by now
-            target.send_signal(sig)   # psutil checks the identity again, just before it signals
+            if round(target.create_time() * 100) == proc.start:  # else it exited: that PID is somebody else's now
+                target.send_signal(sig)  # psutil checks the identity again, just before it signals
 
 
 def children_first(procs: list[Proc]) -> list[Proc]:
@@ -159,8 +147,7 @@ def children_first(procs: list[Proc]) -> list[Proc]:
     def depth(pid: int) -> int:
         seen = 0
         while pid in parent and seen < len(parent):
-            pid = parent[pid]
-            seen += 1
+            pid, seen = parent[pid], seen + 1
         return seen
 
     return sorted(procs, key=lambda p: -depth(p.pid))
@@ -174,25 +161,19 @@ def stop(find: Callable[[], list[Proc]], grace_s: float) -> None:
     while time.monotonic() < deadline and find():
         time.sleep(0.05)
     for _ in range(10):
-        left = find()
-        if not left:
+        if not (left := find()):
             return
-        signal_each(children_first(left), getattr(signal, "SIGKILL", signal.SIGTERM))   # Windows: one kill
+        signal_each(children_first(left), getattr(signal, "SIGKILL", signal.SIGTERM))  # Windows: one kill
         time.sleep(0.05)
 
 
 def die_with_parent(parent: int) -> None:
     """Have the kernel SIGKILL this process when the thread that started it ends (PR_SET_PDEATHSIG), and end now
     if `parent` is gone already. For netem's nodes and the grader's sandbox; a no-op off Linux."""
-    if _set_parent_death_signal(signal.SIGKILL) and os.getppid() != parent:
-        os._exit(1)  # the launcher died before the line above: nobody is waiting for this run
-
-
-def _set_parent_death_signal(sig: int) -> bool:
-    """prctl(PR_SET_PDEATHSIG, sig); False off Linux, where the ranks' watchdogs are the only guard."""
     if not sys.platform.startswith("linux"):
-        return False
+        return
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    return True
+    if os.getppid() != parent:
+        os._exit(1)  # the launcher died before the line above: nobody is waiting for this run

@@ -117,25 +117,30 @@ def _run(run_dir: str, rank: int) -> int:
     except SystemExit as exit_:  # sys.exit(): a clean exit when its code is 0 or None
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
         if code:
-            _write_error(run_dir, rank, f"SystemExit: {exit_.code}\n", timed_out=False)
+            _write_error(run_dir, {"rank": rank, "time": time.time(), "traceback": f"SystemExit: {exit_.code}\n",
+                                   "timed_out": False})
             return code
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the notebook
-        from partrain_edu.runtime import TIMEOUT_HINT, is_timeout_error
-
-        text = user_traceback(exc)
-        timed_out = is_timeout_error(exc)
-        if timed_out:
-            text += f"\n{TIMEOUT_HINT}\n"
-        _write_error(run_dir, rank, text, timed_out)
-        sys.stderr.write(text)
+        error = {"rank": rank, **report(exc)}
+        _write_error(run_dir, error)
+        sys.stderr.write(error["traceback"])
         return 1
     open(os.path.join(run_dir, f"rank{rank}.done"), "w").close()  # finished: not among the stuck ones
     return 0
 
 
-def _write_error(run_dir: str, rank: int, text: str, timed_out: bool) -> None:
-    record = {"rank": rank, "time": time.time(), "traceback": text, "timed_out": timed_out}
-    nanny.write_whole(run_dir, f"rank{rank}.error", json.dumps(record))
+def report(exc: BaseException, skip: tuple[str, ...] = ()) -> dict:
+    """A failure as `diagnose` reads it: the learner's traceback (`user_traceback`), whether it is a collective's
+    timeout (then with runtime's hint), and when."""
+    from partrain_edu.runtime import TIMEOUT_HINT, is_timeout_error
+
+    timed_out = is_timeout_error(exc)
+    text = user_traceback(exc, skip) + (f"\n{TIMEOUT_HINT}\n" if timed_out else "")
+    return {"traceback": text, "timed_out": timed_out, "time": time.time()}
+
+
+def _write_error(run_dir: str, error: dict) -> None:
+    nanny.write_whole(run_dir, f"rank{error['rank']}.error", json.dumps(error))
 
 
 def run_exec_d(main: Callable[[list[str]], int]) -> None:

@@ -69,7 +69,8 @@ def supervise(start: Callable[[dict[str, str]], list[Any]], env: dict[str, str],
     except KeyboardInterrupt:  # the stop button: one line for the learner, once every rank is gone
         stop(procs, run)
         tail.close()
-        raise TorchrunInterrupted(run.nproc, time.perf_counter() - begin, run.texts()) from None
+        raise TorchrunInterrupted(f"interrupted: every rank was stopped ({run.nproc} ranks, "
+                                  f"{time.perf_counter() - begin:.1f} s)", run.texts()) from None
     except BaseException:  # SystemExit (a signal handler), an error in the launcher itself
         stop(procs, run)
         raise

@@ -1,9 +1,8 @@
 """What happened in one warm cell (`launcher.warm.pool`), and when it went wrong, the one error that says so.
 
-A cell's bookkeeping (`Cell`): which ranks run it, what each printed, which answered "done" (with their error, if
-any) and which wrote the end mark that closes their output. The errors name the rank that caused the failure and
-show its traceback once; they say whether the pool survived, and if not, that `%dist restart` starts fresh ranks.
-Wording follows `launcher.diagnose.oneshot`, which tells the same stories for one-shot launches.
+A cell's bookkeeping (`Cell`): which ranks run it, what each printed, which answered "done" (with their error report,
+if any) and which wrote the end mark that closes their output. The errors are told with `diagnose.oneshot`'s pieces,
+and say whether the pool survived; if not, that `%dist restart` starts fresh ranks.
 """
 from __future__ import annotations
 
@@ -11,14 +10,9 @@ import signal
 from dataclasses import dataclass, field
 from typing import Callable
 
-from partrain_edu.launcher.diagnose.findings import AFTER_MISMATCH, Finding
-from partrain_edu.launcher.diagnose.oneshot import (
-    CONSEQUENCES,
-    MISMATCH_HINT,
-    TorchrunError,
-    explain_mismatch,
-    with_backend_words,
-)
+from partrain_edu.launcher.diagnose import oneshot
+from partrain_edu.launcher.diagnose.findings import AFTER_MISMATCH, MISMATCH_HINT, Finding
+from partrain_edu.launcher.diagnose.oneshot import TorchrunError, TorchrunInterrupted
 
 MARK_WAIT_S = 2.0  # a rank said "done": how long its end mark may take to reach the kernel's reading of its file
 RESTART = "`%dist restart` (or `pool.restart()`) starts fresh ranks; their variables are lost."
@@ -32,19 +26,13 @@ class DistError(TorchrunError):
         super().__init__(message, rank, rank_traceback, outputs, timed_out)
         self.pool_stopped = pool_stopped
 
-    def _render_traceback_(self) -> list[str]:  # IPython shows this, not the kernel-side stack
-        return [f"DistError: {self}"]
 
-
-class DistInterrupted(KeyboardInterrupt):
+class DistInterrupted(TorchrunInterrupted):
     """The stop button, during a warm cell: one line in the notebook, never the kernel's traceback."""
 
     def __init__(self, message: str, outputs: dict[int, str], pool_stopped: bool):
-        super().__init__(message)
-        self.outputs, self.pool_stopped = outputs, pool_stopped
-
-    def _render_traceback_(self) -> list[str]:  # as launch's TorchrunInterrupted says it
-        return [f"KeyboardInterrupt: interrupted: {self}"]
+        super().__init__(f"interrupted: {message}", outputs)
+        self.pool_stopped = pool_stopped
 
 
 @dataclass
@@ -75,32 +63,27 @@ class Cell:
                                           for r in self.ranks)
 
     def errors(self) -> list[dict]:
-        return [report for report in self.done.values() if report.get("error")]
+        return [report for report in self.done.values() if report.get("traceback")]
 
     def finished_cleanly(self) -> set[int]:
         """The ranks that ended the cell without an error: they will make no more calls in it."""
-        return {rank for rank, report in self.done.items() if not report.get("error")}
+        return {rank for rank, report in self.done.items() if not report.get("traceback")}
 
 
-def raised(cell: Cell, stopped_because: str = "", calls: Finding | None = None) -> DistError:
-    """The rank whose exception caused the failure. A rank that only lost its peer is never the cause, and a
-    mismatch (the ranks' call records, else the backend's report, told in plain words first) is the best story."""
-    reports = sorted(cell.errors(), key=lambda e: (any(w in e["error"] for w in CONSEQUENCES),
-                                                   not e.get("mismatch"), e["time"]))
-    first, others = reports[0], sorted(e["rank"] for e in reports[1:])
-    also = f" (then rank(s) {others} failed too)" if others else ""
-    mismatch = f"{first['mismatch']}\n" if first.get("mismatch") else ""
-    if calls and (calls.kind == "mismatch" or first["timed_out"]):  # a timeout: who waited for whom
-        mismatch = f"{calls.text}\n"
-    message = f"rank {first['rank']} failed{also}:\n{mismatch}{first['error'].rstrip()}"
-    if stopped_because:
-        message += f"\n{stopped_because}"
-    return DistError(message, first["rank"], cell.texts(), first["error"], first["timed_out"], bool(stopped_because))
+def failed(cell: Cell, stopped_because: str = "", calls: Finding | None = None) -> DistError:
+    """The rank whose exception caused the failure; a mismatch (the ranks' call records, else the backend's report)
+    is the best story, and after a timeout the records say who waited for whom."""
+    first = oneshot.first_error(cell.errors())
+    others = sorted(e["rank"] for e in cell.errors() if e is not first)
+    explained = calls.text if calls and (calls.kind == "mismatch" or first["timed_out"]) else first.get("mismatch")
+    message = oneshot.raised(first, others, explained) + (f"\n{stopped_because}" if stopped_because else "")
+    return DistError(message, first["rank"], cell.texts(), first["traceback"], first["timed_out"],
+                     bool(stopped_because))
 
 
 def stuck_after_raise(cell: Cell, grace_s: float) -> DistError:
-    cause = raised(cell).rank
-    return raised(cell, f"rank(s) {cell.running()} were still running {grace_s:g} s later, most likely waiting for "
+    cause = failed(cell).rank
+    return failed(cell, f"rank(s) {cell.running()} were still running {grace_s:g} s later, most likely waiting for "
                         f"rank {cause} in a collective, so the pool was stopped. {RESTART}")
 
 
@@ -135,41 +118,25 @@ def timed_out(cell: Cell, timeout: float, calls: Finding | None = None) -> DistE
                      timed_out=True, pool_stopped=True)
 
 
-def died(cell: Cell, exit_codes: dict[int, int], lost: list[int | None], torchrun_code: int | None,
+def died(cell: Cell, exit_codes: dict[int, int], lost: list[int | None], agent_code: int | None,
          calls: Finding | None = None) -> DistError:
     """A rank's process, or its worker, ended in the middle of a cell. `exit_codes`: each rank's, as its worker
     saved them (`nanny`); `lost`: the ranks whose connection closed, in that order (torch's agent stops the others
     after the first); `calls`: what the ranks' call records say."""
     # As in oneshot.failure: a rank killed by a signal is the cause; SIGTERM is torch's agent stopping the rest.
-    killed = sorted(r for r, c in exit_codes.items() if c < 0 and c != -signal.SIGTERM)
+    dead = sorted(r for r, c in exit_codes.items() if c < 0 and c != -signal.SIGTERM)
     gone = [r for r in lost if r is not None]
-    rank = killed[0] if killed else gone[0] if gone else min(exit_codes, default=None)
+    rank = dead[0] if dead else gone[0] if gone else min(exit_codes, default=None)
     if rank is None:  # every rank was alive: a worker, or torch's agent itself, went (killed from outside)
-        return DistError(f"torch's agent, which watches the ranks, ended ({_exit(torchrun_code)}); the ranks were "
-                         "stopped. "
-                         f"{RESTART}", None, cell.texts(), pool_stopped=True)
-    code = exit_codes.get(rank)
+        how = "still running" if agent_code is None else f"exit code {agent_code}"
+        return DistError(f"torch's agent, which watches the ranks, ended ({how}); the ranks were stopped. {RESTART}",
+                         None, cell.texts(), pool_stopped=True)
+    code, outputs = exit_codes.get(rank), cell.texts()
     if code is not None and code < 0:
-        how = f"was killed by {_exit(code)} before raising a Python error"
+        text = oneshot.killed(rank, code, outputs, calls if calls and calls.kind == "mismatch" else None)
     else:
-        how = "ended its process (os._exit?) before finishing the cell" + (f", exit code {code}" if code else "")
-    last = cell.outputs.get(rank, [])[-5:]
-    tail = ("\nits last lines:\n" + "\n".join(last)) if last else ""
-    # Gloo aborts a rank that receives more bytes than its own call expects, after printing why (in bytes).
-    output = "\n".join(cell.outputs.get(rank, []))
-    if calls and calls.kind == "mismatch":  # the call records name the calls that did not match
-        mismatch = with_backend_words(calls.text, output)
-    else:
-        mismatch = explain_mismatch(output)
-    why = f"\n{mismatch}" if mismatch else ""
-    return DistError(f"rank {rank} {how}; the other ranks were stopped. {RESTART}{why}{tail}", rank, cell.texts(),
-                     pool_stopped=True)
-
-
-def _exit(code: int | None) -> str:
-    """"signal SIGKILL", "exit code 3" or "still running" for a process's return code."""
-    if code is None:
-        return "still running"
-    if code < 0:
-        return f"signal {signal.Signals(-code).name if -code in signal.valid_signals() else -code}"
-    return f"exit code {code}"
+        exit_code = f", exit code {code}" if code else ""
+        text = (f"rank {rank} ended its process (os._exit?) before finishing the cell{exit_code}; the other ranks "
+                f"were stopped{oneshot.last_lines(outputs, rank)}")
+    head, _, tail = text.partition("\n")
+    return DistError(f"{head.rstrip('.')}. {RESTART}" + (f"\n{tail}" if tail else ""), rank, outputs, pool_stopped=True)

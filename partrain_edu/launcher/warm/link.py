@@ -1,18 +1,18 @@
 """The kernel's end of a warm pool (`launcher.warm.pool`): the launch, and everything that comes from it.
 
-One poll loop reads both channels: the ranks' output files (`output.Tail`) and each rank's control socket (hello,
-done). A rank's line goes to the cell in flight until that rank's end mark, and to its next cell after; so no line
-of one cell ever shows up in another. The ranks are started as a one-shot run's are (`launcher.start`), running
-`launcher.warm.rank_loop`; torch's agent waits for them in a thread of the kernel, so a pool may outlive the
-thread that created it.
+One poll loop reads the ranks' output files (`output.Tail`) and each rank's control socket (hello, done). A rank's
+line goes to the cell in flight until that rank's end mark, and to its next cell after: no line of one cell ever
+shows up in another. The ranks start as a one-shot run's do (`launcher.start`), running `warm.rank_loop`.
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import select
 import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from partrain_edu.launcher import cgroup, processes, supervise
 from partrain_edu.launcher.diagnose.warm import Cell
@@ -31,8 +31,7 @@ class _Conn:
 
 
 class Link:
-    def __init__(self, run: Run, env: dict[str, str], listener: socket.socket):
-        self.listener = listener
+    def __init__(self, run: Run, env: dict[str, str]):
         self.run_dir = run.run_dir
         self.run_id = run.run_id
         self.cell: Cell | None = None  # the cell in flight
@@ -42,14 +41,18 @@ class Link:
         self.socks: dict[int, socket.socket] = {}  # by rank
         self.pids: dict[int, processes.Proc] = {}
         self.lost: list[int | None] = []  # ranks whose socket closed (their process ended), in that order
+        self.listener: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.poller = select.poll()
-        self.poller.register(listener.fileno(), select.POLLIN)
         self.cgroup = cgroup.create(self.run_id)  # where allowed: nothing a rank starts escapes it (cgroup.py)
         self.tail = Tail(run.run_dir, self._take)
         try:
+            self.listener.bind(str(Path(run.run_dir, rank_loop.SOCKET_NAME)))  # in the pool's 0700 folder
+            self.listener.listen(run.nproc)
+            self.poller.register(self.listener.fileno(), select.POLLIN)
             self.proc = Launch(run, "partrain_edu.launcher.warm.rank_loop",
                                {**env, cgroup.ENV: self.cgroup} if self.cgroup else env)
         except BaseException:
+            self.listener.close()
             cgroup.kill(self.cgroup)
             raise
 
@@ -90,8 +93,8 @@ class Link:
             del self.conns[fd]
             self.lost.append(conn.rank)
             return
-        messages, conn.buffer = rank_loop.split_frames(conn.buffer + data)
-        for message in messages:
+        *lines, conn.buffer = (conn.buffer + data).split(b"\n")
+        for message in map(json.loads, lines):
             if message["op"] == "hello":
                 conn.rank = message["rank"]
                 self.socks[conn.rank] = conn.sock
@@ -112,24 +115,27 @@ class Link:
             self.pending.setdefault(rank, []).append(text)
 
     def hang_up(self, wait_s: float) -> None:
-        """Tell every rank to stop (each rank's loop ends there and the rank exits cleanly); wait up to `wait_s` for
-        torch's agent to see them all finish. A socket closed without "stop" means to a rank that the kernel died."""
+        """Tell every rank to stop (its loop ends, it exits cleanly) and wait up to `wait_s` for torch's agent to see
+        them all finish. A socket closed without "stop" means to a rank that the kernel died."""
         for conn in self.conns.values():
             with contextlib.suppress(OSError):  # that rank is gone already
                 rank_loop.send(conn.sock, {"op": "stop"})
-            conn.sock.close()
-        self.conns.clear()
+        self.close()
         end = time.monotonic() + wait_s
         while self.proc.poll() is None and time.monotonic() < end:
             self.tail.read()
             time.sleep(0.05)
 
-    def kill(self) -> None:
-        """Kill every process of the pool: the ranks, their workers, whatever they started (as a one-shot run's)."""
-        supervise.stop([self.proc], self)
-        self.tail.close()
+    def close(self) -> None:
         for conn in self.conns.values():
             conn.sock.close()
         self.conns.clear()
         if self.listener is not None:
             self.listener.close()
+            self.listener = None
+
+    def kill(self) -> None:
+        """Kill every process of the pool: the ranks, their workers, whatever they started (as a one-shot run's)."""
+        supervise.stop([self.proc], self)
+        self.tail.close()
+        self.close()

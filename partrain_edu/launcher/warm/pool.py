@@ -4,15 +4,12 @@
         pool.run("x = rank * 10")               #                 %%dist
         pool.run("print(x)", rank=1)            #                 %%dist --rank 1
         pool.run("runtime.publish('y', x)")     # .published == {"y": 0}, rank 0's value; %%dist sets y
-Each rank starts under torch's agent as `launcher.oneshot` starts them (loopback rendezvous, per-rank output,
-watchdogs: nothing outlives the kernel) and runs `launcher.warm.rank_loop`. Its namespace starts with PRELUDE:
-`torch`, `dist`, `runtime`, `ctx = runtime.init()`, `rank`, `world_size`. The kernel sends each cell's code over a
-Unix socket in a private folder; every rank answers "done" (or its error) once it has written the cell's end mark
-into its output, where the kernel cuts the stream. A rank that raises leaves the pool usable, unless the others
-are still stuck GRACE_S later (in a collective, waiting for it). A rank that dies, a cell past its timeout, ranks
-whose call records show a collective mismatch or a wait for ranks that ended the cell (`diagnose.findings`: they
-would wait for ever), or ranks that ignore the stop button bring the pool down, every process killed, with an
-error that says `%dist restart`.
+The ranks start as one-shot ranks do (`launcher.start`: nothing outlives the kernel) and run `warm.rank_loop`,
+whose namespace starts with PRELUDE. Each cell's code goes over a Unix socket in a private folder; each rank
+answers "done" (or its error) after writing the cell's end mark into its output. A rank that raises leaves the pool
+usable, unless the others are still stuck GRACE_S later. A rank that dies, a timeout, ranks whose call records show
+they would wait for ever (`diagnose.findings`) or that ignore the stop button bring the pool down, every process
+killed, with an error that says `%dist restart`.
 """
 from __future__ import annotations
 
@@ -20,7 +17,6 @@ import atexit
 import contextlib
 import shutil
 import signal
-import socket
 import tempfile
 import threading
 import time
@@ -70,8 +66,7 @@ class Pool:
         self.start(started)
 
     def start(self, started: Callable[[int], None] | None = None) -> None:
-        """Start the ranks and run PRELUDE on them (raises DistError, the pool stopped, if that fails).
-        `started(k)` is told how many ranks are up (said hello) while they start (`status_line.py`)."""
+        """Start the ranks and run PRELUDE (DistError if that fails); `started(k)`: k ranks said hello."""
         if self.up:
             raise RuntimeError("the warm ranks are running already; restart() replaces them")
         self.dir = Path(tempfile.mkdtemp(prefix="partrain_warm_"))  # mode 0700: the socket is ours alone
@@ -85,25 +80,18 @@ class Pool:
         self.up = True
         self._link = None
         _LIVE[id(self)] = self
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            listener.bind(str(self.dir / rank_loop.SOCKET_NAME))
-            listener.listen(self.nproc)
             run = Run(self.nproc, self.dir, self.echo, None, run_id=self.run_id)
-            self._link = Link(run, self._rank_env(), listener)
+            env = rank_environment(self.run_id, self.dir / "published", self.timeout, self.env, self.requested_backend)
+            self._link = Link(run, env)
             self._accept(started)
             prelude = self._run(PRELUDE, None, self.timeout, self.echo)
             self.backend, self.start_outputs = prelude.published["backend"], prelude.outputs
         except BaseException as error:
-            listener.close()
             self._kill()
             if isinstance(error, DistError):
                 error.args = (f"the warm ranks could not start: {error}",)
             raise
-
-    def _rank_env(self) -> dict[str, str]:
-        """As `launcher.oneshot` sets it (`options.rank_environment`)."""
-        return rank_environment(self.run_id, self.dir / "published", self.timeout, self.env, self.requested_backend)
 
     def _accept(self, started: Callable[[int], None] | None) -> None:
         """Wait until every rank has connected and said hello."""
@@ -123,10 +111,9 @@ class Pool:
 
     def run(self, code: str, rank: int | None = None, timeout: Any = "pool",
             echo: Callable[[int | None, str], None] | None = None, name: str | None = None) -> TorchrunResult:
-        """Run `code` on every rank (or on `rank` only); `timeout` seconds (default: the pool's; None: no limit).
-        `name` is how the ranks' tracebacks call the cell (`<dist In[27]>`; default `<dist cell N>`, N counting
-        this pool's cells). Returns a TorchrunResult with `published` from rank 0; raises DistError or
-        DistInterrupted."""
+        """Run `code` on every rank (or on `rank`) within `timeout` s (default: the pool's; None: none); `name`
+        is the cell's in the ranks' tracebacks (`<dist In[27]>`; default `<dist cell N>`). Returns a
+        TorchrunResult with rank 0's `published`; raises DistError or DistInterrupted."""
         if not self.up:
             raise DistError(f"the warm ranks are not running. {RESTART}", None, {}, pool_stopped=True)
         check_arguments(self.nproc, None, rank)
@@ -182,7 +169,7 @@ class Pool:
                     raise diagnosis.stuck_after_interrupt(cell, GRACE_S)
                 raise diagnosis.stuck_after_raise(cell, GRACE_S)
             if deadline is not None and now > deadline:
-                calls = self._where_ranks_wait(cell)
+                calls = self._calls(cell)
                 self._kill()
                 raise diagnosis.timed_out(cell, timeout, calls)
             if (found := watch.poll(cell.finished_cleanly())) is not None:  # they would wait until the timeout
@@ -193,21 +180,20 @@ class Pool:
         if interrupted is not None:
             raise diagnosis.interrupted(cell)
         if cell.errors():
-            raise diagnosis.raised(cell, calls=self._where_ranks_wait(cell))
+            raise diagnosis.failed(cell, calls=self._calls(cell))
 
-    def _where_ranks_wait(self, cell: Cell) -> findings.Finding | None:
-        """What the ranks' call records say about where they wait (read before `_kill` removes them)."""
+    def _calls(self, cell: Cell) -> findings.Finding | None:
+        """Where the ranks' call records say they wait (read before `_kill` removes them)."""
         return findings.diagnose(self.dir, self.nproc, cell.finished_cleanly())
 
     def _died(self, cell: Cell) -> None:
-        """A rank's process ended: wait for torch's agent to stop the others (each worker saves its rank's exit
-        code, `nanny`), stop everything, name it."""
+        """A rank's process ended: let torch's agent stop the others (their exit codes saved), stop all, name it."""
         end = time.monotonic() + REPORT_WAIT_S
         while self._link.proc.poll() is None and time.monotonic() < end:
             self._link.pump(0.05)
         self._link.tail.read()  # the last lines the ranks wrote
         codes = nanny.exit_codes(self.dir)
-        calls = self._where_ranks_wait(cell)
+        calls = self._calls(cell)
         self._kill()
         raise diagnosis.died(cell, codes, self._link.lost, self._link.proc.returncode, calls)
 
@@ -247,8 +233,8 @@ atexit.register(lambda: [pool.stop() for pool in list(_LIVE.values())])  # a ker
 
 @contextlib.contextmanager
 def _stop_button():
-    """Count SIGINTs (the notebook's stop button) while a cell runs, instead of raising KeyboardInterrupt in the
-    middle of the bookkeeping. Only the main thread receives signals; elsewhere the count stays 0."""
+    """Count SIGINTs (the stop button) while a cell runs, instead of a KeyboardInterrupt amid the bookkeeping.
+    Only the main thread receives signals; elsewhere the count stays 0."""
     presses = [0]
     if threading.current_thread() is not threading.main_thread():
         yield presses

@@ -6,7 +6,7 @@ The rank connects to the pool's Unix socket POOL_DIR/control.sock and says hello
 message is a cell: its code runs with `exec` in a fresh `__main__` module, the same for every cell, so variables
 survive from cell to cell. When the cell ends, the rank flushes its output, writes the cell's end mark as a line of
 its own (the kernel cuts the output stream there: no line leaks into the next cell) and answers "done", with the
-learner's traceback (trimmed as in `launcher.rank`) if the cell raised. Messages: JSON after a 4-byte length.
+learner's traceback (trimmed as in `launcher.rank`) if the cell raised. Messages: JSON, one per line.
 
 The watchdog that kills the pool when the kernel dies, and the clean-up at exit, are `launcher.rank`'s; the record
 of the rank's collective calls is `launcher.call_records`'s (POOL_DIR/rank{k}.calls).
@@ -22,9 +22,7 @@ import os
 import shutil
 import signal
 import socket
-import struct
 import sys
-import time
 import types
 
 from partrain_edu.launcher import call_records
@@ -32,43 +30,11 @@ from partrain_edu.launcher import rank as rank_side  # the one-shot wrapper, who
 from partrain_edu.launcher.diagnose.oneshot import explain_mismatch
 
 SOCKET_NAME = "control.sock"
-_LENGTH = struct.Struct("!I")
 
 
 def send(sock: socket.socket, message: dict) -> None:
-    data = json.dumps(message).encode()
-    sock.sendall(_LENGTH.pack(len(data)) + data)
-
-
-def split_frames(buffer: bytes) -> tuple[list[dict], bytes]:
-    """The complete messages at the start of `buffer`, and the bytes of the next, incomplete one."""
-    messages = []
-    while len(buffer) >= _LENGTH.size:
-        (size,) = _LENGTH.unpack_from(buffer)
-        if len(buffer) < _LENGTH.size + size:
-            break
-        messages.append(json.loads(buffer[_LENGTH.size:_LENGTH.size + size]))
-        buffer = buffer[_LENGTH.size + size:]
-    return messages, buffer
-
-
-def receive(sock: socket.socket) -> dict | None:
-    """The next message on a blocking socket, or None once the other end has closed it."""
-    header = _read_exactly(sock, _LENGTH.size)
-    if header is None:
-        return None
-    body = _read_exactly(sock, _LENGTH.unpack(header)[0])
-    return None if body is None else json.loads(body)
-
-
-def _read_exactly(sock: socket.socket, size: int) -> bytes | None:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            return None
-        data += chunk
-    return data
+    """One message: a line of JSON (which escapes every newline inside it)."""
+    sock.sendall(json.dumps(message).encode() + b"\n")
 
 
 class _Cell:
@@ -94,7 +60,8 @@ def main(argv: list[str]) -> int:
     try:
         sock.connect(os.path.join(pool_dir, SOCKET_NAME))
         send(sock, {"op": "hello", "rank": rank, "pid": os.getpid()})
-        while (message := receive(sock)) is not None:
+        for line in sock.makefile("rb"):  # until the kernel closes the socket
+            message = json.loads(line)
             if message["op"] == "stop":
                 kernel_died = False
                 break
@@ -105,7 +72,7 @@ def main(argv: list[str]) -> int:
             # The end mark goes to the same file as the cell's output, after it: the kernel cuts the stream here.
             os.write(1, f"{message['mark']}\n".encode())
             send(sock, {"op": "done", "cell": message["cell"], **report})
-    except OSError:  # the kernel went away mid-message
+    except (OSError, ValueError):  # the kernel went away mid-message
         pass
     finally:
         sock.close()
@@ -142,14 +109,9 @@ def run_cell(code: str, name: str, namespace: dict) -> dict:
 
 def describe(exc: BaseException) -> dict:
     """The learner's traceback (once: it is not printed on the rank's output), and what kind of failure it is."""
-    from partrain_edu.runtime import TIMEOUT_HINT, is_timeout_error
-
-    text = rank_side.user_traceback(exc, skip=(__file__,))
-    timed_out = is_timeout_error(exc)
-    if timed_out:
-        text += f"\n{TIMEOUT_HINT}\n"
-    return {"error": text, "timed_out": timed_out, "interrupted": isinstance(exc, KeyboardInterrupt),
-            "mismatch": explain_mismatch(text), "time": time.time()}
+    error = rank_side.report(exc, skip=(__file__,))
+    mismatch = explain_mismatch(error["traceback"])
+    return {**error, "interrupted": isinstance(exc, KeyboardInterrupt), "mismatch": mismatch}
 
 
 if __name__ == "__main__":
