@@ -1,23 +1,17 @@
-"""Each rank's torchrun worker: it starts the rank, waits for it, and keeps its exit code.
+"""Each rank's torchrun worker (a nanny, in ipyparallel's sense): it starts the rank, waits, keeps its exit code.
 
     elastic_launch(config, nanny.main)(RUN_DIR, WRAPPER)     (`launcher.start` on Linux: forked by the forkserver)
     python -m partrain_edu.launcher.nanny RUN_DIR WRAPPER     (`launcher.start` elsewhere; netem's torchrun)
 
-torch's agent starts one worker per rank, with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...). This
-worker, a nanny in ipyparallel's sense:
-1. takes on the launch's environment and working directory (RUN_DIR/env.json, written by the launcher) under
-   torchrun's variables, joins
-   the run's cgroup where there is one (`cgroup`), and starts a session of its own (the notebook's interrupt and a
-   terminal's Ctrl-C are the launcher's to pass on); `ps` shows it as "partrain worker K of N [run ID]" and its
-   rank as "partrain rank K of N [run ID]" (`name`);
-2. points fds 1 and 2 at RUN_DIR/rank{k}.out, which the launcher tails (`output.Tail`): what the rank or any child
-   of it writes is that rank's output;
-3. starts the rank, `WRAPPER.main([RUN_DIR])` (`launcher.rank`, `launcher.warm.rank_loop`): forked from itself
-   where it holds torch already and the launch's interpreter-level variables are its own (the forkserver's
-   workers: milliseconds instead of seconds of imports), else exec'd afresh (`python -m WRAPPER RUN_DIR`);
-4. waits for it, passing SIGTERM and SIGINT on, and saves its exit code (negative: the signal that killed it) to
-   RUN_DIR/rank{k}.exit, every failed rank's, whichever torch's agent saw first (`exit_codes`, for `diagnose`).
-   A rank that ends with `os._exit(0)` has finished cleanly, as an exec'd script would have.
+1. It takes on the launch's environment and working directory (RUN_DIR/env.json) under torchrun's variables
+   (RANK, WORLD_SIZE, MASTER_ADDR, ...), joins the run's cgroup (`cgroup`), starts a session of its own (the
+   interrupt is the launcher's to pass on) and names itself for `ps` (`name`).
+2. It points fds 1 and 2 at RUN_DIR/rank{k}.out (`output.Tail`): what the rank or any child of it writes is its.
+3. It starts `WRAPPER.main([RUN_DIR])` (`launcher.rank`, `warm.rank_loop`): forked, where it holds torch already and
+   the interpreter-level variables are its own (milliseconds, not seconds of imports), else exec'd afresh.
+4. It passes SIGTERM and SIGINT on and saves the rank's exit code (negative: a signal) to RUN_DIR/rank{k}.exit:
+   every failed rank's, not only the first that torch's agent saw (`exit_codes`); a rank's `os._exit(0)` is a
+   clean finish, as an exec'd script's would be, where torch's forked workers would wait for ever.
 """
 from __future__ import annotations
 
@@ -122,14 +116,12 @@ def _pass_on_signals(send) -> None:
 
 
 def write_env(run_dir: str | os.PathLike, env: dict[str, str]) -> None:
-    """The launch's side: the ranks' environment and working directory (this process's), for their workers to take
-    on (RUN_DIR is the launcher's alone)."""
+    """The launch's side: the ranks' environment and this working directory, for their workers (RUN_DIR is 0700)."""
     write_whole(run_dir, ENV_FILE, json.dumps({"env": env, "cwd": os.getcwd()}))
 
 
 def name(title: str) -> None:
-    """What `ps` shows for this process: `title` and the run's id, in place of the forkserver's command line its
-    workers inherit (setproctitle; SPT_NOENV keeps the environment where the system shows it)."""
+    """What `ps` shows: `title` and the run's id, not the forkserver's command line (SPT_NOENV: keep the environ)."""
     os.environ["SPT_NOENV"] = "1"
     import setproctitle
 
@@ -160,8 +152,8 @@ def exit_codes(run_dir: str | os.PathLike) -> dict[int, int]:
 
 
 def roots(run_dir: str | os.PathLike) -> list[str]:
-    """The identities ("pid:start") of the run's workers and ranks, from their files: forked, they show their
-    parent's environment, not the run's id. `processes.run_members` keeps those still running."""
+    """The identities ("pid:start") of the run's workers and ranks, from their files (forked, they show their
+    parent's environment, not the run's id)."""
     found = []
     for path in [*rank_files(run_dir, ".worker").values(), *rank_files(run_dir, ".pid").values()]:
         with contextlib.suppress(OSError):

@@ -2,17 +2,14 @@
 
     nanny: WRAPPER.main([RUN_DIR])       forked by the rank's worker, or `python -m partrain_edu.launcher.rank RUN_DIR`
 
-RUN_DIR/argv.json holds what to run: ["script.py", args...] or ["--module", "package.module", args...]. The
-rank's output already goes to RUN_DIR/rank{k}.out, where its worker (`nanny`) pointed fds 1 and 2.
-
-Three small jobs, so that the notebook can show one clear story and nothing outlives the launch:
-1. an uncaught exception is written, with a traceback trimmed to the user's frames, to RUN_DIR/rank{k}.error
-   (and a clean finish to RUN_DIR/rank{k}.done, so a timeout can name the ranks that never got there);
-   RUN_DIR/rank{k}.pid says the rank started, RUN_DIR/rank{k}.calls which collective it is in (`call_records`);
-2. when the script ends, whatever it started and left running is killed: its descendants, and the members of its
-   process group (its worker gave it a session of its own, which its children share);
+RUN_DIR/argv.json says what to run: ["script.py", args...] or ["--module", "package.module", args...]. Its output
+goes to RUN_DIR/rank{k}.out already (`nanny`). Three jobs, so that the notebook tells one story and nothing
+outlives the launch:
+1. files: rank{k}.pid (started), .calls (its collective, `call_records`), .error (an uncaught exception, its
+   traceback trimmed to the user's frames) or .done (a clean finish: a timeout names the ranks that never got there);
+2. when the script ends, what it started and left running is killed (`finish`);
 3. if the process that called `torchrun()` dies (a closed terminal, a killed kernel), a watchdog thread kills the
-   whole run, then the run's cgroup where there is one (`cgroup`), this rank last, and removes RUN_DIR.
+   run's cgroup, the whole run and this rank last, and removes RUN_DIR.
 """
 from __future__ import annotations
 

@@ -118,15 +118,12 @@ def timed_out(cell: Cell, timeout: float, calls: Finding | None = None) -> DistE
                      timed_out=True, pool_stopped=True)
 
 
-def died(cell: Cell, exit_codes: dict[int, int], lost: list[int | None], agent_code: int | None,
-         calls: Finding | None = None) -> DistError:
+def died(cell: Cell, exit_codes: dict[int, int], agent_code: int | None, calls: Finding | None = None) -> DistError:
     """A rank's process, or its worker, ended in the middle of a cell. `exit_codes`: each rank's, as its worker
-    saved them (`nanny`); `lost`: the ranks whose connection closed, in that order (torch's agent stops the others
-    after the first); `calls`: what the ranks' call records say."""
-    # As in oneshot.failure: a rank killed by a signal is the cause; SIGTERM is torch's agent stopping the rest.
-    dead = sorted(r for r, c in exit_codes.items() if c < 0 and c != -signal.SIGTERM)
-    gone = [r for r in lost if r is not None]
-    rank = dead[0] if dead else gone[0] if gone else min(exit_codes, default=None)
+    saved them (`nanny`); `calls`: what the ranks' call records say."""
+    # As in oneshot.failure: a rank killed by a signal is the cause, then one that ended by itself; SIGTERM is
+    # torch's agent stopping the rest.
+    rank = min(exit_codes, key=lambda r: (exit_codes[r] == -signal.SIGTERM, exit_codes[r] >= 0, r), default=None)
     if rank is None:  # every rank was alive: a worker, or torch's agent itself, went (killed from outside)
         how = "still running" if agent_code is None else f"exit code {agent_code}"
         return DistError(f"torch's agent, which watches the ranks, ended ({how}); the ranks were stopped. {RESTART}",

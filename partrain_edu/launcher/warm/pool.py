@@ -30,7 +30,6 @@ from partrain_edu.launcher.diagnose import warm as diagnosis
 from partrain_edu.launcher.diagnose.warm import RESTART, Cell, DistError, DistInterrupted
 from partrain_edu.launcher.options import DEFAULT_RUN_TIMEOUT_S, check_arguments, check_timeout, rank_environment
 from partrain_edu.launcher.output import Run, TorchrunResult, print_echo
-from partrain_edu.launcher.warm import rank_loop
 from partrain_edu.launcher.warm.link import MARK_PREFIX, Link
 from partrain_edu.runtime import read_published
 
@@ -69,10 +68,7 @@ class Pool:
         """Start the ranks and run PRELUDE (DistError if that fails); `started(k)`: k ranks said hello."""
         if self.up:
             raise RuntimeError("the warm ranks are running already; restart() replaces them")
-        self.dir = Path(tempfile.mkdtemp(prefix="partrain_warm_"))  # mode 0700: the socket is ours alone
-        if len(str(self.dir / rank_loop.SOCKET_NAME)) > 100:  # a socket's path holds 107 bytes: a long TMPDIR
-            shutil.rmtree(self.dir)
-            self.dir = Path(tempfile.mkdtemp(prefix="partrain_warm_", dir="/tmp"))
+        self.dir = Path(tempfile.mkdtemp(prefix="partrain_warm_"))  # mode 0700: its files are ours alone
         (self.dir / "published").mkdir()
         self.run_id = uuid.uuid4().hex
         self.cells_run = 0
@@ -96,7 +92,7 @@ class Pool:
     def _accept(self, started: Callable[[int], None] | None) -> None:
         """Wait until every rank has connected and said hello."""
         link, deadline = self._link, None if self.timeout is None else time.monotonic() + self.timeout
-        while len(link.pids) < self.nproc:
+        while len(link.pids()) < self.nproc:
             if not link.alive():
                 said = link.launcher[-20:] + [f"[rank {r}] {t}" for r, ts in link.pending.items() for t in ts]
                 raise DistError("torch's agent ended before every rank was up; it said:\n" + "\n".join(said), None, {},
@@ -106,8 +102,7 @@ class Pool:
                                 pool_stopped=True)
             link.pump(0.05)
             if started is not None:
-                started(len(link.pids))
-        link.stop_listening()
+                started(len(link.pids()))
 
     def run(self, code: str, rank: int | None = None, timeout: Any = "pool",
             echo: Callable[[int | None, str], None] | None = None, name: str | None = None) -> TorchrunResult:
@@ -138,8 +133,6 @@ class Pool:
                     link.send(r, {"op": "run", "cell": cell.number, "name": name, "code": code, "mark": cell.mark})
                 self._wait(cell, None if timeout is None else start + timeout, timeout, presses)
             ok = True
-        except OSError:  # a rank's socket broke as the cell was sent: that rank has died
-            self._died(cell)
         finally:
             link.cell = None
             # rank 0's `runtime.publish` files: read after a cell that succeeded, dropped otherwise
@@ -176,7 +169,7 @@ class Pool:
                 # (a mismatch, or ranks in a collective that members who ended the cell will never join)
                 self._kill()
                 raise diagnosis.mismatch(cell, found)
-            self._link.pump(0.05)
+            self._link.pump(0.01)
         if interrupted is not None:
             raise diagnosis.interrupted(cell)
         if cell.errors():
@@ -195,7 +188,7 @@ class Pool:
         codes = nanny.exit_codes(self.dir)
         calls = self._calls(cell)
         self._kill()
-        raise diagnosis.died(cell, codes, self._link.lost, self._link.proc.returncode, calls)
+        raise diagnosis.died(cell, codes, self._link.proc.returncode, calls)
 
     def _kill(self) -> None:
         """Kill every process of the pool and remove its folder."""
@@ -208,7 +201,7 @@ class Pool:
     def stop(self) -> None:
         """End the ranks; nothing of the pool is left running afterwards. Safe to call twice."""
         if self.up:
-            self._link.hang_up(STOP_WAIT_S)
+            self._link.hang_up(self.nproc, STOP_WAIT_S)
             self._kill()
 
     def restart(self) -> None:
@@ -216,7 +209,7 @@ class Pool:
         self.start()
 
     def status(self) -> dict[str, Any]:
-        pids = {r: p.pid for r, p in sorted(self._link.pids.items())} if self.up else {}
+        pids = {r: p.pid for r, p in sorted(self._link.pids().items())} if self.up else {}
         return {"up": self.up, "ranks": self.nproc, "backend": self.backend, "cells_run": self.cells_run,
                 "pids": pids, "uptime_s": round(time.monotonic() - self.started_at, 1) if self.up else 0.0}
 

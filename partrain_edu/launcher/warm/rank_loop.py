@@ -2,39 +2,35 @@
 
     nanny: rank_loop.main([POOL_DIR]), forked by the rank's worker, or `python -m ...warm.rank_loop POOL_DIR`
 
-The rank connects to the pool's Unix socket POOL_DIR/control.sock and says hello (its rank and pid). Then each
-message is a cell: its code runs with `exec` in a fresh `__main__` module, the same for every cell, so variables
-survive from cell to cell. When the cell ends, the rank flushes its output, writes the cell's end mark as a line of
-its own (the kernel cuts the output stream there: no line leaks into the next cell) and answers "done", with the
-learner's traceback (trimmed as in `launcher.rank`) if the cell raised. Messages: JSON, one per line.
-
-The watchdog that kills the pool when the kernel dies, and the clean-up at exit, are `launcher.rank`'s; the record
-of the rank's collective calls is `launcher.call_records`'s (POOL_DIR/rank{k}.calls).
-SIGINT (the notebook's stop button) raises KeyboardInterrupt only inside a cell.
+The rank takes message after message from the run's store (the rendezvous store on 127.0.0.1 the kernel hosts,
+`launcher.rendezvous`): key partrain/to/{rank}/{n}, a line of JSON. A cell's code runs with `exec` in one
+`__main__` module, the same for every cell, so variables survive from cell to cell. When the cell ends, the rank
+flushes its output, writes the cell's end mark as a line of its own (the kernel cuts the output stream there: no
+line leaks into the next cell) and answers at partrain/from/{rank}/{n}: {} or its error report (`describe`).
+The watchdog and the clean-up at exit are `launcher.rank`'s; the call records `call_records`'s. SIGINT (the
+stop button) raises KeyboardInterrupt only inside a cell.
 """
 from __future__ import annotations
 
 import builtins
 import contextlib
+import itertools
 import json
 import linecache
 import os
 import shutil
 import signal
-import socket
 import sys
 import types
+from datetime import timedelta
+
+import torch.distributed as dist
 
 from partrain_edu.launcher import call_records
 from partrain_edu.launcher import rank as rank_side  # the one-shot wrapper, whose pieces the loop reuses
 from partrain_edu.launcher.diagnose.oneshot import explain_mismatch
 
-SOCKET_NAME = "control.sock"
-
-
-def send(sock: socket.socket, message: dict) -> None:
-    """One message: a line of JSON (which escapes every newline inside it)."""
-    sock.sendall(json.dumps(message).encode() + b"\n")
+TO, FROM = "partrain/to", "partrain/from"  # the store's keys: TO/{rank}/{n}, the kernel's nth message to a rank
 
 
 class _Cell:
@@ -56,12 +52,12 @@ def main(argv: list[str]) -> int:
     main_module = types.ModuleType("__main__")
     main_module.__builtins__ = builtins
     sys.modules["__main__"], namespace = main_module, main_module.__dict__
-    sock, kernel_died = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), True
+    kernel_died = True
     try:
-        sock.connect(os.path.join(pool_dir, SOCKET_NAME))
-        send(sock, {"op": "hello", "rank": rank, "pid": os.getpid()})
-        for line in sock.makefile("rb"):  # until the kernel closes the socket
-            message = json.loads(line)
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=timedelta(days=365))  # a store's `get` waits this long for the next cell
+        for n in itertools.count(1):
+            message = json.loads(store.get(f"{TO}/{rank}/{n}"))
             if message["op"] == "stop":
                 kernel_died = False
                 break
@@ -71,13 +67,12 @@ def main(argv: list[str]) -> int:
                 report = describe(KeyboardInterrupt())
             # The end mark goes to the same file as the cell's output, after it: the kernel cuts the stream here.
             os.write(1, f"{message['mark']}\n".encode())
-            send(sock, {"op": "done", "cell": message["cell"], **report})
-    except (OSError, ValueError):  # the kernel went away mid-message
+            store.set(f"{FROM}/{rank}/{n}", json.dumps(report))
+    except RuntimeError:  # torch's DistNetworkError: the kernel, which hosts the store, went away
         pass
     finally:
-        sock.close()
-        if kernel_died:  # its socket closed without a "stop": this rank ends before its watchdog can notice, so
-            shutil.rmtree(pool_dir, ignore_errors=True)  # it does the watchdog's first job, the kernel's folder
+        if kernel_died:  # this rank ends before its watchdog can notice, so it does the watchdog's first job:
+            shutil.rmtree(pool_dir, ignore_errors=True)  # the kernel's folder
         # What the cells left is never freed: the rank ends with os._exit (see `launcher.rank._run` for why).
         rank_side.finish()
     return 0
