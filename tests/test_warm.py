@@ -267,7 +267,7 @@ ANNOUNCE_ONCE_IN_ALL_REDUCE = """    import sys, threading, time
 
 def test_in_a_notebook_kernel_dist_cells_keep_state_and_nothing_outlives_the_kernel():
     marker, env = new_marker()
-    tmp = Path(tempfile.mkdtemp(prefix="warm_test_"))  # short: the pool's socket path must fit in 107 bytes
+    tmp = Path(tempfile.mkdtemp(prefix="warm_test_"))
     kernel = Kernel({**env, "TMPDIR": str(tmp)})
     try:
         started = kernel.execute("%load_ext partrain_edu\n%dist start -n 2 --timeout 60", deadline_s=90)

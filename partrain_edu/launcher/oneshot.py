@@ -3,18 +3,12 @@
     %load_ext partrain_edu
     %%torchrun -n 4 [--timeout 120|none] [--backend gloo] [--rank 0] [-- script args]
 
-Both run torch's own agent, the one torchrun runs (`launcher.start`), with a fresh rendezvous on a free port of
-127.0.0.1, so two notebooks launching at once never collide and nothing listens beyond this machine. Every
-rank is wrapped by `launcher.rank`, so that the launcher can:
-- stream each rank's output live as `[rank k]` lines (and, in a notebook, keep a rank-ordered copy, so the
-  saved output is the same on every run);
-- turn a failure into one `TorchrunError` naming the rank that caused it, with its own traceback (not
-  torchrun's ChildFailedError wall);
-- stop the run after `timeout` seconds of wall-clock time (default 300 s), on a kernel interrupt (one line:
-  `TorchrunInterrupted`), on another rank's failure, as soon as the ranks' call records show a collective
-  mismatch (`diagnose.findings`), or when the caller itself dies, killing every rank and all they started
-  (`supervise.py`);
-- hand back the values ranks `runtime.publish`ed.
+Both run torch's own agent, the one torchrun runs (`launcher.start`), on a fresh loopback rendezvous, each rank
+wrapped by `launcher.rank`. So the launcher streams each rank's output live as `[rank k]` lines; turns a failure
+into one `TorchrunError` naming the rank that caused it, with its own traceback (`diagnose`); stops the run after
+`timeout` seconds (default 300 s), on the stop button (`TorchrunInterrupted`), on a rank's failure, on a collective
+mismatch, or when the caller dies, killing every rank and all they started (`supervise`); and hands back what rank 0
+`runtime.publish`ed.
 """
 from __future__ import annotations
 
@@ -47,13 +41,10 @@ def torchrun(code_or_path: str | os.PathLike, nproc: int = 2, timeout: float | N
              args: Sequence[str] = (), *, module: str | None = None, backend: str | None = None,
              show_rank: int | None = None, echo: Callable[[int | None, str], None] | None = print_echo,
              env: dict[str, str] | None = None, started: Callable[[int], None] | None = None) -> TorchrunResult:
-    """Run a script (a path, or source code as a string) or `module=` on `nproc` ranks under torchrun.
-
-    Returns a `TorchrunResult`; raises `TorchrunError` when any rank fails, or when the run takes longer than
-    `timeout` seconds (default 300; None: no limit, a deadlock in a collective still ends after 60 s).
-    `started(k)` is told each time the number of ranks whose process has started grows (`status_line.py`); a caller
-    that gives none gets, in a notebook, the ranks' own status line ("starting 2 ranks… 3 s") under the cell.
-    """
+    """Run a script (a path, or source code) or `module=` on `nproc` ranks under torch's agent: a
+    `TorchrunResult`, or `TorchrunError` when a rank fails or the run takes over `timeout` s (None: no limit; a
+    collective's deadlock still ends after 60 s). `started(k)`: k ranks have started; without it, a notebook shows
+    the ranks' own status line ("starting 2 ranks… 3 s", `status_line`)."""
     timeout = check_arguments(nproc, timeout, show_rank)
     if started is None and in_kernel():  # `torchrun(...)` called from a notebook cell: no wait without a line
         with RankStatus(nproc, timeout) as status:
@@ -62,7 +53,6 @@ def torchrun(code_or_path: str | os.PathLike, nproc: int = 2, timeout: float | N
     with tempfile.TemporaryDirectory(prefix="partrain_") as tmp:
         run_dir = Path(tmp)
         (run_dir / "published").mkdir()
-        # The script and its arguments travel in a file, as the rank's environment does (`nanny`).
         script = None if module is not None else script_path(code_or_path, run_dir, "torchrun_cell.py")
         target = ["--module", module] if module is not None else [script]
         (run_dir / "argv.json").write_text(json.dumps([*target, *map(str, args)]))
@@ -82,11 +72,9 @@ def torchrun(code_or_path: str | os.PathLike, nproc: int = 2, timeout: float | N
 
 
 def call_with_timeout(fn: Callable[[], T], timeout: float | None) -> T:
-    """`fn()` in this process, stopped with a `TorchrunError(timed_out=True)` after `timeout` seconds of wall-clock
-    time (None: no limit): the launcher's limit, for runs that stay in process (a world of one).
-
-    Uses SIGALRM, so it needs the main thread, and it stops at the next Python line: a single long C call
-    (one huge matmul) finishes first."""
+    """`fn()` in this process, stopped with a `TorchrunError(timed_out=True)` after `timeout` s (None: no limit):
+    the launcher's limit for a world of one, which stays in process. SIGALRM: the main thread only, and it stops at
+    the next Python line (one long C call, a huge matmul, finishes first)."""
     timeout = check_timeout(timeout)
     if timeout is None:
         return fn()

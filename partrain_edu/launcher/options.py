@@ -1,10 +1,8 @@
 """What every launch checks and hands its ranks: the time limits, the arguments, the script, the environment.
 
-One-shot runs (`launcher.oneshot`), the warm pool (`launcher.warm`) and netem's two nodes start their ranks with
-the same environment (`rank_environment`): one thread each (OMP_NUM_THREADS=1: 2 cores, N ranks), unbuffered
-output, where rank 0 publishes, the collective timeout (under the run's own limit, so that a deadlock ends as an
-error the ranks can explain before the launcher stops them), and the run's id, by which every process of the run
-is found and stopped (`launcher.processes`).
+One-shot runs, the warm pool and netem's nodes give their ranks one environment (`rank_environment`): one thread
+each (2 cores, N ranks), unbuffered output, where rank 0 publishes, the collective timeout (under the run's own
+limit, so that a deadlock ends as an error the ranks can explain) and the run's id (`launcher.processes`).
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""How a launch carries its ranks' output: RUN_DIR/rank{k}.out files in, one `Run` of bookkeeping, a
-`TorchrunResult` out.
+"""A launch's output: RUN_DIR/rank{k}.out files in, one `Run` of bookkeeping, a `TorchrunResult` out.
 
-Each rank's worker (`launcher.nanny`) points the rank's stdout and stderr at RUN_DIR/rank{k}.out, so every line
-there is rank k's, whoever wrote it (`print`, `os.write(1, ...)`, C code, a child process). `Tail` reads those files
-as they grow, as torch's agent tails its workers' log files, without trusting the bytes to be UTF-8 (a rank may
-write anything). The one-shot launcher (`launcher.oneshot`), the warm pool and netem's two nodes share all three.
+Each rank's worker (`nanny`) points the rank's stdout and stderr at RUN_DIR/rank{k}.out, so every line there is
+rank k's, whoever wrote it (`print`, C code, a child process). `Tail` reads those files as they grow, as torch's
+agent tails its workers' logs, without trusting the bytes to be UTF-8.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ the owner's own updates take too, and `close()` ends it. In a notebook kernel it
 and ends with no data at all: the saved output is the same on every run (nbval compares data, and sees none). On a
 terminal it is one line on stderr, erased at the end; anywhere else (a pipe, a log, pytest) it shows nothing.
 A line appears only after DELAY_S: a quick cell looks as it always did. It says only what the code knows: a rank
-counts as "up" once its process has started (its run-folder pid file; a warm rank's hello).
+counts as "up" once its process has started (its run-folder pid file).
 """
 from __future__ import annotations
 

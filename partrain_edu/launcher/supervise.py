@@ -1,11 +1,10 @@
 """One supervisor for the processes of a run: start them, read their output, stop all of them however it ends.
 
-`supervise` starts the run (`start(env)`: one `start.Launch` here; one torchrun per node under `netem`), reads the
-ranks' output files as they grow (`output.Tail`), and ends when every launch has ended, when one failed and the
-others had `failed_grace_s` to follow, when `timeout` has passed, or as soon as the ranks' call records show a
-collective mismatch (`diagnose.findings.Watch`: such ranks would wait for ever). Then `stop` ends every process of
-the run, found by its files, its run id (`nanny.members`) and its cgroup (`cgroup`), also after an interrupt or
-an error in the launcher.
+`supervise` starts the run (`start(env)`: a `start.Launch`; under `netem`, a torchrun per node), reads the ranks'
+output files (`output.Tail`), and ends when every launch has ended, when one failed and the others had
+`failed_grace_s` to follow, at `timeout`, or once the call records show a collective mismatch (`findings.Watch`:
+those ranks would wait for ever). Then `stop` ends every process of the run, found by its files and run id
+(`nanny.members`) and its cgroup, also after an interrupt or an error in the launcher.
 """
 from __future__ import annotations
 
@@ -33,8 +32,8 @@ class Outcome:
 
 def supervise(start: Callable[[dict[str, str]], list[Any]], env: dict[str, str], run: Run, timeout: float | None,
               started: Callable[[int], None] | None = None, failed_grace_s: float = 0.0) -> Outcome:
-    """Run what `start(env)` starts (objects with `poll`, `wait` and `returncode`, as `subprocess.Popen`) until it
-    ends; `started(k)` is told each time the number of ranks whose process has started grows (`status_line.py`)."""
+    """Run what `start(env)` starts (with `poll`, `wait` and `returncode`, as `subprocess.Popen`) until it ends;
+    `started(k)`: k ranks have started (`status_line`)."""
     begin = time.perf_counter()
     run.cgroup = cgroup.create(run.run_id)  # where allowed: what escapes the scan stays in it (cgroup.py)
     env = {**env, cgroup.ENV: run.cgroup} if run.cgroup else env

@@ -5,7 +5,7 @@
         pool.run("print(x)", rank=1)            #                 %%dist --rank 1
         pool.run("runtime.publish('y', x)")     # .published == {"y": 0}, rank 0's value; %%dist sets y
 The ranks start as one-shot ranks do (`launcher.start`: nothing outlives the kernel) and run `warm.rank_loop`,
-whose namespace starts with PRELUDE. Each cell's code goes over a Unix socket in a private folder; each rank
+whose namespace starts with PRELUDE. Each cell's code goes through the run's loopback store (`warm.link`); each rank
 answers "done" (or its error) after writing the cell's end mark into its output. A rank that raises leaves the pool
 usable, unless the others are still stuck GRACE_S later. A rank that dies, a timeout, ranks whose call records show
 they would wait for ever (`diagnose.findings`) or that ignore the stop button bring the pool down, every process
@@ -65,7 +65,7 @@ class Pool:
         self.start(started)
 
     def start(self, started: Callable[[int], None] | None = None) -> None:
-        """Start the ranks and run PRELUDE (DistError if that fails); `started(k)`: k ranks said hello."""
+        """Start the ranks and run PRELUDE (DistError if that fails); `started(k)`: k ranks have started."""
         if self.up:
             raise RuntimeError("the warm ranks are running already; restart() replaces them")
         self.dir = Path(tempfile.mkdtemp(prefix="partrain_warm_"))  # mode 0700: its files are ours alone
@@ -90,7 +90,7 @@ class Pool:
             raise
 
     def _accept(self, started: Callable[[int], None] | None) -> None:
-        """Wait until every rank has connected and said hello."""
+        """Wait until every rank has started (its .pid file)."""
         link, deadline = self._link, None if self.timeout is None else time.monotonic() + self.timeout
         while len(link.pids()) < self.nproc:
             if not link.alive():
