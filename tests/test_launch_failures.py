@@ -269,7 +269,7 @@ def test_a_rank_that_ended_is_named_with_how_far_it_got(tmp_path):
     write_calls(tmp_path, (0, "in", 4, "all_reduce", "float32[4]"), (1, "in", 4, "all_reduce", "float32[4]"),
                 (2, "out", 3, "all_reduce", "float32[4]"), ranks=(0, 1, 2))
     (tmp_path / "rank2.done").touch()
-    assert findings.explain_calls(tmp_path, 3).startswith(
+    assert findings.diagnose(tmp_path, 3).text.startswith(
         "rank 2 ended after 3 collectives while ranks 0, 1 wait in their 4th (all_reduce float32[4] on ranks 0–2). "
         "Every rank must make the same collective calls in the same order")
     assert findings.diagnose(tmp_path, 3, live=True).kind == "behind"  # told at a timeout; never stops a run early

@@ -35,18 +35,12 @@ class Finding:  # what the records say
     evidence: tuple[bytes, ...]  # the records it rests on: the same ones later mean that nobody moved
 
 
-def explain_calls(folder: str | os.PathLike, nproc: int, finished: set[int] | None = None) -> str | None:
-    """One or two sentences on the collective the ranks are stuck in, from their records; None if they say nothing.
-    `finished`: the ranks that ended cleanly (default: those with a rank{k}.done in `folder`)."""
-    found = diagnose(folder, nproc, finished)
-    return found.text if found else None
-
-
 def diagnose(folder: str | os.PathLike, nproc: int, finished: set[int] | None = None,
              live: bool = False) -> Finding | None:
-    """As `explain_calls`, with the rank to blame. `live`: the ranks still run, so a rank waits only while it is in
-    a call, ranks at different numbers tell only once every unfinished member waits, and a call that raised is left
-    to the rank's own error; after a failure, it is where that rank waited."""
+    """What the records say the ranks are stuck in, and the rank to blame; None if they say nothing. `finished`:
+    the ranks that ended cleanly (default: those with a rank{k}.done). `live`: the ranks still run, so a rank
+    waits only while it is in a call, ranks at different numbers tell only once every unfinished member waits, and
+    a call that raised is left to the rank's own error; after a failure, it is where that rank waited."""
     if finished is None:
         finished = {k for k in range(nproc) if Path(folder, f"rank{k}.done").exists()}
     everyone = {r: c for r, c in read(folder, nproc).items() if not live or c.state != "raised"}

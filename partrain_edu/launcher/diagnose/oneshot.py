@@ -72,19 +72,13 @@ def gloo_sizes(text: str) -> tuple[int, int] | None:
     return None if sizes is None else (int(sizes.group(1)), int(sizes.group(2)))
 
 
-def with_backend_words(text: str, output: str) -> str:
-    """The records' sentence, with Gloo's own report of the mismatch when a rank's `output` holds one."""
-    sizes = gloo_sizes(output)
-    return text if sizes is None else f"{text} (Gloo: a rank received {sizes[0]} bytes where its own call expected " \
-                                      f"{sizes[1]}.)"
-
-
 def killed(rank: int, code: int, outputs: dict[int, str], mismatch: findings.Finding | None) -> str:
     """"rank 1 was killed by signal SIGABRT: why; its last lines": a rank that died without a Python error. Gloo
     aborts the rank that received more than it expected, after printing why (in bytes)."""
     name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
-    aborted = (with_backend_words(mismatch.text, "\n".join(outputs.values())) if mismatch
-               else explain_mismatch(outputs.get(rank, "")))
+    sizes = gloo_sizes("\n".join(outputs.values()))
+    aborted = explain_mismatch(outputs.get(rank, "")) if mismatch is None else mismatch.text + (
+        f" (Gloo: a rank received {sizes[0]} bytes where its own call expected {sizes[1]}.)" if sizes else "")
     cause = f": {aborted}" if aborted else " before raising a Python error; the other ranks were stopped"
     return f"rank {rank} was killed by signal {name}{cause}{last_lines(outputs, rank)}"
 
@@ -210,7 +204,8 @@ def timeout_error(run: Any, timeout: float | None) -> TorchrunError:
     else:
         state = f"Ranks still running: {stuck}." + (
             f" Never started: {sorted(set(range(run.nproc)) - started)}." if len(started) < run.nproc else "")
-    why = findings.explain_calls(run.run_dir, run.nproc) or (
+    found = findings.diagnose(run.run_dir, run.nproc)
+    why = found.text if found else (
         "If it should have finished by now, a rank stuck in a loop, or waiting in a collective the others never "
         "reach, is the usual cause.")
     return TorchrunError(f"timed out after {timeout:g} s; every rank was killed. {state} {RAISE_HINT} {why}", None, "",
