@@ -141,8 +141,9 @@ def signal_each(procs: list[Proc], sig: int) -> None:
 
 def children_first(procs: list[Proc]) -> list[Proc]:
     """`procs`, the deepest descendants first: whoever signals a run from inside it (a rank's watchdog, while
-    another rank's watchdog signals this one) has reached what the ranks started before it may die itself."""
-    parent = {p.pid: p.ppid for p in procs}
+    another rank's watchdog signals this one) has reached what the ranks started before it may die itself. The
+    calling process is never in `procs`, but it is a link in its own children's chain."""
+    parent = {p.pid: p.ppid for p in procs} | {os.getpid(): os.getppid()}
 
     def depth(pid: int) -> int:
         seen = 0
@@ -155,8 +156,9 @@ def children_first(procs: list[Proc]) -> list[Proc]:
 
 def stop(find: Callable[[], list[Proc]], grace_s: float) -> None:
     """SIGTERM what `find()` returns, children first, give it `grace_s` to exit, then SIGKILL what `find()` still
-    returns. Found again each round: a process may have started another one in between."""
-    signal_each(children_first(find()), signal.SIGTERM)
+    returns (at once with `grace_s=0`). Found again each round: a process may have started another one meanwhile."""
+    if grace_s > 0:
+        signal_each(children_first(find()), signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and find():
         time.sleep(0.05)

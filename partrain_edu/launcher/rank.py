@@ -48,7 +48,9 @@ def _watch_launcher(run_dir: str) -> None:
         # that far (a daemon only the cgroup holds would outlive them all).
         shutil.rmtree(run_dir, ignore_errors=True)
         cgroup.kill_from_inside(os.environ.get(cgroup.ENV))  # what escaped the scan, and the other ranks
-        processes.stop(lambda: processes.run_members(run_id, roots), grace_s=0.0)  # workers, ranks, their children
+        # Workers, ranks and their children, SIGKILLed deepest first (nobody is left to exit cleanly for): the
+        # watchdogs kill each other's ranks, and whichever starts first has killed what every rank started.
+        processes.stop(lambda: processes.run_members(run_id, roots), grace_s=0.0)
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="partrain-watchdog", daemon=True).start()
