@@ -72,3 +72,13 @@ def test_a_run_is_signalled_children_first():
                                               ((10, 1), (11, 10), (12, 10), (13, 11), (14, 13)))
     order = [p.pid for p in processes.children_first([agent, rank0, rank1, child, grandchild])]
     assert order[0] == 14 and order.index(13) < order.index(11) and order[-1] == 10
+
+
+def test_from_inside_a_run_the_callers_own_children_count_as_deep_as_the_other_ranks_children():
+    """A rank's watchdog lists the run without itself: its own children must still come before the other ranks, or
+    the other rank's watchdog, killed first, never reaches them (1 run in 3 as a non-root user, no cgroup)."""
+    me, my_worker = os.getpid(), os.getppid()
+    procs = [processes.Proc(my_worker, 1, 0, 0), processes.Proc(10, 1, 0, 0), processes.Proc(11, 10, 0, 0),
+             processes.Proc(12, me, 0, 0), processes.Proc(13, 11, 0, 0)]  # other worker, other rank, two children
+    order = [p.pid for p in processes.children_first(procs)]
+    assert order.index(12) < order.index(11) and order.index(13) < order.index(11), order
