@@ -8,7 +8,8 @@
    interrupt is the launcher's to pass on) and names itself for `ps` (`name`).
 2. It points fds 1 and 2 at RUN_DIR/rank{k}.out (`output.Tail`): what the rank or any child of it writes is its.
 3. It starts `WRAPPER.main([RUN_DIR])` (`launcher.rank`, `warm.rank_loop`): forked, where it holds torch already and
-   the interpreter-level variables are its own (milliseconds, not seconds of imports), else exec'd afresh.
+   the interpreter-level variables are its own (milliseconds, not seconds of imports), else exec'd afresh
+   (`python -m partrain_edu.launcher.nanny --rank RUN_DIR WRAPPER`); either way through `rank_main`.
 4. It passes SIGTERM and SIGINT on and saves the rank's exit code (negative: a signal) to RUN_DIR/rank{k}.exit:
    every failed rank's, not only the first that torch's agent saw (`exit_codes`); a rank's `os._exit(0)` is a
    clean finish, as an exec'd script's would be, where torch's forked workers would wait for ever.
@@ -25,6 +26,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from partrain_edu.launcher import cgroup, processes
 
@@ -33,7 +35,7 @@ TORCHRUN_ENV = ("LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "L
                 "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 # Variables Python, torch or their libraries read only when they start: a rank forked from a process that started
 # with other values would not see the launch's. The thread count and torch's debug level are set anew after the
-# fork instead (`_forked_rank`).
+# fork instead (`rank_main`).
 INTERPRETER_ENV = re.compile(r"^(PYTHON(?!UNBUFFERED$)|LD_|MALLOC|GLIBC|(OMP|MKL|KMP|GOMP|OPENBLAS)_(?!NUM_THREADS$)"
                              r"|PYTORCH_|CUDA|HIP_|ROCM|LANG$|LC_|TMPDIR$)")
 ENV_FILE = "env.json"
@@ -74,39 +76,41 @@ def _read_at_start(env: dict[str, str]) -> dict[str, str]:
 def _wait_forked(wrapper: str, run_dir: str) -> int:
     pid = os.fork()
     if pid == 0:
-        code = 1
-        try:
-            code = _forked_rank(wrapper, run_dir)
-        finally:
-            with contextlib.suppress(Exception):
-                sys.stdout.flush()
-                sys.stderr.flush()
-            os._exit(code)  # no interpreter teardown: it can abort while Gloo's threads finish
+        rank_main(run_dir, wrapper)
     _pass_on_signals(lambda sig: os.kill(pid, sig))
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
-def _forked_rank(wrapper: str, run_dir: str) -> int:
-    """In the forked rank: what an exec'd interpreter would have read from the environment at start, then the rank."""
-    import torch
-
-    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    if torch.distributed.is_available():
-        torch.distributed.set_debug_level_from_env()
-    for stream in (sys.stdout, sys.stderr):  # as PYTHONUNBUFFERED=1 and backslashreplace would have it
-        stream.reconfigure(line_buffering=True, write_through=True, errors="backslashreplace")
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    if not os.environ.get("PYTHONFAULTHANDLER"):
-        faulthandler.disable()  # torch's worker turned it on: a crash would print every thread's stack
-    return importlib.import_module(wrapper).main([run_dir])
-
-
 def _wait_exec(wrapper: str, run_dir: str, env: dict[str, str]) -> int:
-    proc = subprocess.Popen([sys.executable, "-m", wrapper, run_dir], env=env, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "partrain_edu.launcher.nanny", "--rank", run_dir, wrapper], env=env,
+                            stdin=subprocess.DEVNULL)
     _pass_on_signals(proc.send_signal)
     return proc.wait()
+
+
+def rank_main(run_dir: str, wrapper: str) -> NoReturn:
+    """The rank, forked or exec'd: what torch read from the environment when it loaded (a forked rank's read the
+    forkserver's), then `WRAPPER.main([RUN_DIR])`, then no interpreter teardown (it can abort while Gloo's threads
+    finish)."""
+    code = 1
+    try:
+        if (torch := sys.modules.get("torch")) is not None:
+            if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+                torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+            if torch.distributed.is_available():
+                torch.distributed.set_debug_level_from_env()
+        for stream in (sys.stdout, sys.stderr):  # PYTHONUNBUFFERED=1; an odd character never costs the rank its life
+            stream.reconfigure(line_buffering=True, write_through=True, errors="backslashreplace")
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if not os.environ.get("PYTHONFAULTHANDLER"):
+            faulthandler.disable()  # torch's worker turned it on: a crash would print every thread's stack
+        code = importlib.import_module(wrapper).main([run_dir])
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
 
 
 def _pass_on_signals(send) -> None:
@@ -168,5 +172,5 @@ def members(run_dir: str | os.PathLike, run_id: str) -> list[processes.Proc]:
     return processes.run_members(run_id, roots(run_dir))
 
 
-if __name__ == "__main__":
-    main(*sys.argv[1:3])
+if __name__ == "__main__":  # a worker (torch's agent, spawned: RUN_DIR WRAPPER), or its rank (--rank RUN_DIR WRAPPER)
+    (rank_main if sys.argv[1] == "--rank" else main)(*sys.argv[-2:])

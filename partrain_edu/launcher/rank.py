@@ -1,6 +1,6 @@
 """What each rank runs under the launcher: the user's script, with its error kept and nothing left behind.
 
-    nanny: WRAPPER.main([RUN_DIR])       forked by the rank's worker, or `python -m partrain_edu.launcher.rank RUN_DIR`
+    main([RUN_DIR])            run by the rank's worker (`nanny.rank_main`), in a rank forked or exec'd for it
 
 RUN_DIR/argv.json says what to run: ["script.py", args...] or ["--module", "package.module", args...]. Its output
 goes to RUN_DIR/rank{k}.out already (`nanny`). Three jobs, so that the notebook tells one story and nothing
@@ -23,7 +23,6 @@ import sys
 import threading
 import time
 import traceback
-from typing import Callable
 
 from partrain_edu.launcher import call_records, cgroup, nanny, processes
 
@@ -140,21 +139,3 @@ def report(exc: BaseException, skip: tuple[str, ...] = ()) -> dict:
 
 def _write_error(run_dir: str, error: dict) -> None:
     nanny.write_whole(run_dir, f"rank{error['rank']}.error", json.dumps(error))
-
-
-def run_exec_d(main: Callable[[list[str]], int]) -> None:
-    """`main(sys.argv[1:])` in a rank exec'd afresh (`nanny`); no interpreter teardown after it, as after a forked
-    one: it can abort while Gloo's threads finish."""
-    for stream in (sys.stdout, sys.stderr):  # an odd character must never cost the rank its life
-        stream.reconfigure(errors="backslashreplace")
-    code = 1
-    try:
-        code = main(sys.argv[1:])
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
-if __name__ == "__main__":
-    run_exec_d(main)

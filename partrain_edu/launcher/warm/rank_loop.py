@@ -1,6 +1,6 @@
 """What each warm rank runs: a loop that executes cell after cell in one namespace, for `launcher.warm.pool.Pool`.
 
-    nanny: rank_loop.main([POOL_DIR]), forked by the rank's worker, or `python -m ...warm.rank_loop POOL_DIR`
+    main([POOL_DIR])           run by the rank's worker (`nanny.rank_main`), as `launcher.rank.main` is
 
 The rank takes message after message from the run's store (the rendezvous store on 127.0.0.1 the kernel hosts,
 `launcher.rendezvous`): key partrain/to/{rank}/{n}, a line of JSON. A cell's code runs with `exec` in one
@@ -107,7 +107,3 @@ def describe(exc: BaseException) -> dict:
     error = rank_side.report(exc, skip=(__file__,))
     mismatch = explain_mismatch(error["traceback"])
     return {**error, "interrupted": isinstance(exc, KeyboardInterrupt), "mismatch": mismatch}
-
-
-if __name__ == "__main__":
-    rank_side.run_exec_d(main)
