@@ -155,16 +155,20 @@ def exit_codes(run_dir: str | os.PathLike) -> dict[int, int]:
     return codes
 
 
-def roots(run_dir: str | os.PathLike) -> list[str]:
-    """The identities ("pid:start") of the run's workers and ranks, from their files (forked, they show their
-    parent's environment, not the run's id)."""
-    found = []
-    for path in [*rank_files(run_dir, ".worker").values(), *rank_files(run_dir, ".pid").values()]:
+def identities(run_dir: str | os.PathLike, suffix: str) -> dict[int, str]:
+    """{rank: "pid:start"} from RUN_DIR/rank{k}.pid (the ranks) or .worker (their workers)."""
+    found = {}
+    for rank, path in rank_files(run_dir, suffix).items():
         with contextlib.suppress(OSError):
-            ident = path.read_text().strip()
-            if ident.count(":") == 1:
-                found.append(ident)
+            if (ident := path.read_text().strip()).count(":") == 1:
+                found[rank] = ident
     return found
+
+
+def roots(run_dir: str | os.PathLike) -> list[str]:
+    """The identities of the run's workers and ranks (forked, they show their parent's environment, not the run's
+    id)."""
+    return [*identities(run_dir, ".worker").values(), *identities(run_dir, ".pid").values()]
 
 
 def members(run_dir: str | os.PathLike, run_id: str) -> list[processes.Proc]:

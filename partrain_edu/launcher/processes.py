@@ -66,10 +66,16 @@ def identity(pid: int) -> str | None:
     return None if proc is None else f"{proc.pid}:{proc.start}"
 
 
-def is_running(ident: str) -> bool:
+def named(ident: str) -> Proc:
+    """The process an identity ("pid:start") names, as `signal_each` takes it (its parent and groups unknown)."""
     pid, start = map(int, ident.split(":"))
-    proc = read(pid)
-    return proc is not None and proc.start == start
+    return Proc(pid, -1, -1, start)
+
+
+def is_running(ident: str) -> bool:
+    proc = named(ident)
+    now = read(proc.pid)
+    return now is not None and now.start == proc.start
 
 
 def _table() -> dict[int, Proc]:
@@ -105,9 +111,9 @@ def run_members(run_id: str, roots: Iterable[str] = ()) -> list[Proc]:
     a forked process shows its parent's environment), or descending from either; except the calling process."""
     table = _table()
     marked = {pid for pid in table if _has_env(pid, RUN_ENV, run_id)}
-    for pid, start in (map(int, ident.split(":")) for ident in roots):
-        if pid in table and table[pid].start == start:
-            marked.add(pid)
+    for proc in map(named, roots):
+        if proc.pid in table and table[proc.pid].start == proc.start:
+            marked.add(proc.pid)
     return _listed(table, _descendants(table, marked))
 
 

@@ -76,9 +76,12 @@ def killed(rank: int, code: int, outputs: dict[int, str], mismatch: findings.Fin
     """"rank 1 was killed by signal SIGABRT: why; its last lines": a rank that died without a Python error. Gloo
     aborts the rank that received more than it expected, after printing why (in bytes)."""
     name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
-    sizes = gloo_sizes("\n".join(outputs.values()))
-    aborted = explain_mismatch(outputs.get(rank, "")) if mismatch is None else mismatch.text + (
-        f" (Gloo: a rank received {sizes[0]} bytes where its own call expected {sizes[1]}.)" if sizes else "")
+    if mismatch is None:
+        aborted = explain_mismatch(outputs.get(rank, ""))
+    elif sizes := gloo_sizes("\n".join(outputs.values())):
+        aborted = f"{mismatch.text} (Gloo: a rank received {sizes[0]} bytes where its own call expected {sizes[1]}.)"
+    else:
+        aborted = mismatch.text
     cause = f": {aborted}" if aborted else " before raising a Python error; the other ranks were stopped"
     return f"rank {rank} was killed by signal {name}{cause}{last_lines(outputs, rank)}"
 

@@ -41,13 +41,8 @@ class Link:
         return self.proc.poll() is None and not nanny.rank_files(self.run_dir, ".exit")
 
     def pids(self) -> dict[int, processes.Proc]:
-        """The ranks that have started (their .pid file, "pid:start": `launcher.rank.started`)."""
-        found = {}
-        for rank, path in nanny.rank_files(self.run_dir, ".pid").items():
-            if (ident := path.read_text()).count(":") == 1:
-                pid, start = map(int, ident.split(":"))
-                found[rank] = processes.Proc(pid, 0, 0, start)
-        return found
+        """The ranks that have started (their .pid file: `launcher.rank.started`)."""
+        return {rank: processes.named(ident) for rank, ident in nanny.identities(self.run_dir, ".pid").items()}
 
     def send(self, rank: int, message: dict) -> None:
         self.sent[rank] = self.sent.get(rank, 0) + 1
