@@ -47,7 +47,9 @@ REPORT_WAIT_S = 5.0  # a rank died: how long torch's agent may take to stop the 
 STOP_WAIT_S = 10.0  # `stop()`: how long the ranks may take to tear down their process group and exit
 # How often the kernel looks for the ranks' answers: every 10 ms in a cell's first second (most cells are quicker),
 # then every 50 ms (looking every 10 ms cost the kernel 4.4% of a core through a 5 s cell here).
-QUICK_S, POLL_S, QUICK_FOR_S = 0.01, 0.05, 1.0
+QUICK_S = 0.01
+QUICK_FOR_S = 1.0
+POLL_S = 0.05
 
 
 class Pool:
